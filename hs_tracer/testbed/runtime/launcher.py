@@ -1,0 +1,175 @@
+"""Start a real SGLang 0.5.23 ``sgl.Engine`` on a CPU-only machine, optionally with EAGLE-3.
+
+Why a launcher: running SGLang's EAGLE path without a GPU takes an environment that production
+must never see (a ``sgl_kernel`` stand-in on PYTHONPATH, pure-torch kernels registered as
+``torch.ops.sgl_kernel.*``, two SGLang patches, see :mod:`hs_tracer.testbed.runtime.patches`).
+This module is the only place that turns it on: it sets the environment for the current process
+and for the scheduler processes SGLang spawns (the ``sitecustomize`` in the PYTHONPATH directory
+re-applies the patches there), then starts the engine with small CPU settings.
+
+The hs_tracer plugin keeps working in the scheduler processes: plugin loading is untouched, so pass
+``env={"HS_TRACER": "1", ...}`` to enable it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RUNTIME_FLAG = "HS_TRACER_TESTBED_RUNTIME"
+PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+
+# Small settings that fit a 2-core, few-GiB machine and keep runs deterministic.
+DEFAULT_ENGINE_KWARGS: dict[str, Any] = {
+    "device": "cpu",
+    "attention_backend": "intel_amx",
+    "dtype": "float32",
+    "disable_cuda_graph": True,
+    "mem_fraction_static": 0.05,
+    "max_total_tokens": 4096,
+    "random_seed": 0,
+    "log_level": "warning",
+}
+
+
+class TestbedRuntimeError(RuntimeError):
+    """The CPU testbed runtime cannot be set up in this process."""
+
+
+def runtime_env() -> dict[str, str]:
+    """The environment variables the testbed runtime needs, for this process and its children."""
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(PYTHONPATH_DIR)]
+    return {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "TORCHDYNAMO_DISABLE": "1",
+        RUNTIME_FLAG: "1",
+        "PYTHONPATH": os.pathsep.join([str(PYTHONPATH_DIR), *parts]),
+    }
+
+
+def prepare_process(env: Mapping[str, str] | None = None) -> None:
+    """Make this process (and the processes it spawns from now on) a testbed runtime: set the env
+    (plus ``env``), put the ``sgl_kernel`` stand-in on ``sys.path`` and install the patches.
+
+    Must run before SGLang is first imported in this process: SGLang decides CPU vs. GPU at import.
+    """
+    from hs_tracer.testbed.runtime import patches
+
+    os.environ.update(runtime_env())
+    if env:
+        os.environ.update(env)
+    if str(PYTHONPATH_DIR) not in sys.path:
+        sys.path.insert(0, str(PYTHONPATH_DIR))
+    stand_in = sys.modules.get("sgl_kernel")
+    if stand_in is not None and not getattr(stand_in, "HS_TRACER_TESTBED_STAND_IN", False):
+        raise TestbedRuntimeError(
+            "a real sgl_kernel is already imported in this process; start the CPU testbed in a process "
+            "without it"
+        )
+    patches.install()
+    if "sglang" in sys.modules:
+        from sglang.srt.utils.common import is_cpu
+
+        if not is_cpu():
+            raise TestbedRuntimeError(
+                "sglang was imported before the CPU testbed runtime was prepared, so it chose a GPU "
+                "code path; call hs_tracer.testbed.runtime.launcher.prepare_process() before importing "
+                "sglang (or start the engine in a fresh process)"
+            )
+
+
+def engine_kwargs(
+    target: Path | str,
+    draft: Path | str | None = None,
+    *,
+    spec_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The ``sgl.Engine`` keyword arguments for ``target`` (and EAGLE-3 with ``draft``).
+
+    With topk == 1 SGLang requires num_draft_tokens == spec_steps + 1, which is the default here;
+    for a tree (topk > 1) the default is topk * spec_steps + 1 (every candidate verified).
+    """
+    kwargs = {**DEFAULT_ENGINE_KWARGS, "model_path": str(target)}
+    if draft is not None:
+        if spec_steps < 1 or topk < 1:
+            raise ValueError(f"spec_steps and topk must be >= 1, got spec_steps={spec_steps} topk={topk}")
+        if num_draft_tokens is None:
+            num_draft_tokens = spec_steps + 1 if topk == 1 else topk * spec_steps + 1
+        kwargs.update(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(draft),
+            speculative_num_steps=spec_steps,
+            speculative_eagle_topk=topk,
+            speculative_num_draft_tokens=num_draft_tokens,
+        )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def start_engine(
+    target: Path | str,
+    draft: Path | str | None = None,
+    *,
+    spec_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Any:
+    """Start ``sgl.Engine`` on CPU for ``target`` (plain decoding) or with an EAGLE-3 ``draft``.
+
+    ``env`` adds environment variables for this process and the engine's processes (e.g.
+    ``{"HS_TRACER": "1"}``); they stay set afterwards, like the runtime env itself (use
+    :func:`engine` to have them restored). ``overrides`` go to ``sgl.Engine`` unchanged and win over
+    the defaults (``DEFAULT_ENGINE_KWARGS``). The caller must call ``shutdown()`` on the result.
+    """
+    prepare_process(env)
+    import sglang as sgl
+
+    return sgl.Engine(
+        **engine_kwargs(
+            target, draft, spec_steps=spec_steps, topk=topk, num_draft_tokens=num_draft_tokens, **overrides
+        )
+    )
+
+
+@contextmanager
+def engine(
+    target: Path | str,
+    draft: Path | str | None = None,
+    *,
+    spec_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Iterator[Any]:
+    """Context manager around :func:`start_engine`: shuts the engine down on exit and restores the
+    ``env`` extras (the runtime env itself stays, since SGLang in this process depends on it)."""
+    saved = {key: os.environ.get(key) for key in env or {}}
+    eng = start_engine(
+        target,
+        draft,
+        spec_steps=spec_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        env=env,
+        **overrides,
+    )
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,102 @@
+"""The testbed's changes to SGLang 0.5.23's behaviour, applied in the launcher process and (through
+``pythonpath/sitecustomize.py``) in every process SGLang spawns. Never applied by the production
+plugin.
+
+Each patch runs when the SGLang module it touches is first imported (a post-import hook), or at
+once if it is already imported, so installing them costs nothing at interpreter start:
+
+* ``sglang.srt.models.deepseek_common.attention_backend_handler``: DeepSeek's attention picks a
+  forward method per backend through ``AttentionBackendRegistry``; ``torch_native`` and
+  ``intel_amx`` have no entry there and fall back to the Triton handler, which picks MHA for a fresh
+  prefill against the MLA latent cache (a shape error). Both are registered to the absorbed MLA
+  method, which runs on any backend that reads a latent KV cache.
+* ``sglang.srt.runtime_context``: the platform fact ``has_amx`` is overridden to True so that
+  SGLang keeps ``attention_backend="intel_amx"`` (its only CPU backend with EAGLE support) instead
+  of falling back to ``torch_native`` on CPUs without AMX. The backend's kernels are the testbed's
+  pure-torch ops. ``cpu_has_amx_support()`` itself stays False (it probes for the
+  ``convert_weight_packed`` op, which the testbed never registers), so linear, MoE, norm and
+  embedding layers keep their ``forward_native`` paths.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
+RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
+MLA_BACKENDS = ("torch_native", "intel_amx")
+
+
+def _mla_for_all(attn: object, forward_batch: object) -> object:
+    """AttentionBackendRegistry handler: always the absorbed MLA forward method."""
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import (
+        AttnForwardMethod,
+    )
+
+    return AttnForwardMethod.MLA
+
+
+def register_mla_handlers(module: ModuleType) -> None:
+    for backend in MLA_BACKENDS:
+        module.AttentionBackendRegistry.register(backend, _mla_for_all)
+
+
+def override_amx_platform_fact(module: ModuleType) -> None:
+    # Installed without probing first: the probe imports sglang.srt.utils.common, which is
+    # usually still initialising (it imports runtime_context) when this hook runs.
+    module.override_platform(has_amx=True).install()
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    HANDLER_MODULE: register_mla_handlers,
+    RUNTIME_CONTEXT_MODULE: override_amx_platform_fact,
+}
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched module has executed, via its own loader instance."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Callable[[ModuleType], None]] = {}
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
+        callback = self.pending.pop(fullname, None)
+        if callback is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+            callback(module)
+
+        # Loader instances are per module (FileFinder creates one per spec), so shadowing the
+        # method on the instance touches nothing else and keeps get_source & co. intact.
+        loader.exec_module = exec_module
+        return spec
+
+
+_hook = _PostImportHook()
+
+
+def install() -> None:
+    """Apply every patch now (module already imported) or right after its first import."""
+    for name, patch in PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            _hook.pending[name] = patch
+    if _hook.pending and _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)

@@ -1,0 +1,41 @@
+# Two commands for a fresh machine (README): `make demo` and `make test`.
+# Both create or update .venv first; the install step re-runs only when its inputs change.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SGLANG := sglang==0.5.23
+
+.PHONY: demo test lint venv lock clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/lock.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt
+	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
+	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SGLANG)
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/hs-tracer demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Re-resolve the pinned set from requirements/runtime.in (needs network access to PyPI).
+lock:
+	rm -rf /tmp/hs-tracer-lock && $(PYTHON) -m venv /tmp/hs-tracer-lock
+	/tmp/hs-tracer-lock/bin/pip install --quiet -r requirements/runtime.in
+	{ head -2 requirements/lock.txt; /tmp/hs-tracer-lock/bin/pip freeze; } > requirements/lock.txt.new
+	mv requirements/lock.txt.new requirements/lock.txt
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,85 @@
+"""TracerConfig: every ``HS_TRACER_*`` environment variable, parsed in one place.
+
+Invalid values never crash serving: :func:`load` returns the config together with the errors, and
+the plugin logs them in one line and stays off. The variables are documented in README.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TRUE_VALUES = {"1", "true", "yes", "on"}
+FALSE_VALUES = {"", "0", "false", "no", "off"}
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``HS_TRACER`` asks for tracing. Cheap: the entry point calls it in every process."""
+    return environ.get("HS_TRACER", "").strip().lower() in TRUE_VALUES
+
+
+@dataclass(frozen=True)
+class TracerConfig:
+    profile: Path | None = None  # HS_TRACER_PROFILE: reference profile for online diagnosis
+    report_dir: Path | None = None  # HS_TRACER_REPORT_DIR: each scheduler writes its live report here
+    capture_dir: Path | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (user data, 0600)
+    capture_rate: float = 0.01  # HS_TRACER_CAPTURE_RATE: fraction of steps captured
+    capture_max_bytes: int = 1 << 30  # HS_TRACER_CAPTURE_MAX_BYTES: rotation bound on disk
+    span_sample: float = 0.01  # HS_TRACER_SPAN_SAMPLE: fraction of steps exported as OTel spans
+    window_tokens: int = 2048  # HS_TRACER_WINDOW_TOKENS: tokens per diagnosis window
+    queue_size: int = 1024  # HS_TRACER_QUEUE_SIZE: step records buffered for the recorder thread
+    metrics_port: int | None = None  # HS_TRACER_METRICS_PORT: own /metrics when SGLang's are off
+    log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
+
+
+def _fraction(name: str, raw: str) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name}={raw!r} must be a fraction between 0 and 1")
+    return value
+
+
+def _positive_int(name: str, raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be a positive integer")
+    return value
+
+
+def _existing_file(name: str, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{name}={raw!r}: no such file (build one with `hs-tracer profile build`)")
+    return path
+
+
+_PARSERS = {
+    "HS_TRACER_PROFILE": ("profile", _existing_file),
+    "HS_TRACER_REPORT_DIR": ("report_dir", lambda _n, raw: Path(raw).expanduser()),
+    "HS_TRACER_CAPTURE_DIR": ("capture_dir", lambda _n, raw: Path(raw).expanduser()),
+    "HS_TRACER_CAPTURE_RATE": ("capture_rate", _fraction),
+    "HS_TRACER_CAPTURE_MAX_BYTES": ("capture_max_bytes", _positive_int),
+    "HS_TRACER_SPAN_SAMPLE": ("span_sample", _fraction),
+    "HS_TRACER_WINDOW_TOKENS": ("window_tokens", _positive_int),
+    "HS_TRACER_QUEUE_SIZE": ("queue_size", _positive_int),
+    "HS_TRACER_METRICS_PORT": ("metrics_port", _positive_int),
+    "HS_TRACER_LOG_LEVEL": ("log_level", lambda _n, raw: raw.upper()),
+}
+
+
+def load(environ: Mapping[str, str] = os.environ) -> tuple[TracerConfig, list[str]]:
+    """Parse the environment. Returns the config and a list of errors (empty when all is valid)."""
+    values: dict[str, object] = {}
+    errors: list[str] = []
+    for name, (field_name, parse) in _PARSERS.items():
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[field_name] = parse(name, raw)
+        except ValueError as exc:
+            msg = str(exc)
+            errors.append(msg if name in msg else f"{name}={raw!r}: {msg}")
+    return TracerConfig(**values), errors

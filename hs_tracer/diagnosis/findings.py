@@ -1,0 +1,151 @@
+"""Findings and the diagnosis report: the stable JSON of shared DESIGN §5.4.
+
+Every part of hs_tracer that judges something (preflight ``check``, live ``diagnose``, the online
+recorder) speaks in :class:`Finding` objects and reports through :class:`Report`, so the JSON, the
+human output and the exit status are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is. ``critical`` means speculation is (or will be) fed the wrong features."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Code(str, enum.Enum):
+    """Stable finding codes (DESIGN §5.4). Add new ones at the end; never rename."""
+
+    DRAFT_INPUT_WIDTH_MISMATCH = "draft_input_width_mismatch"
+    SLOT_SOURCE_MISMATCH = "slot_source_mismatch"
+    FEATURE_DRIFT = "feature_drift"
+    ACCEPTANCE_DROP = "acceptance_drop"
+    LAYER_IDS_IGNORED = "layer_ids_ignored"
+    LAYER_ID_CONVENTION = "layer_id_convention"
+    D2T_INVALID = "d2t_invalid"
+    DRAFT_WEIGHTS_MISSING = "draft_weights_missing"
+    DRAFT_WEIGHTS_UNUSED = "draft_weights_unused"
+    SPEC_ARGS_ADJUSTED = "spec_args_adjusted"
+    NON_FINITE_FEATURES = "non_finite_features"
+    DRAFT_FORMAT = "draft_format"  # draft format / architecture / config flag the engine cannot serve
+    DRAFT_SHAPE_MISMATCH = "draft_shape_mismatch"  # a draft weight whose shape the engine will reject
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem, named in canonical terms, with the fix a user should apply."""
+
+    code: Code
+    severity: Severity
+    message: str
+    fix: str = ""
+    slot: int | None = None
+    expected: str | None = None
+    observed: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code.value, "severity": self.severity.value}
+        for key in ("slot", "expected", "observed"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out["message"] = self.message
+        out["fix"] = self.fix
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def one_line(self) -> str:
+        fix = f"  fix: {self.fix}" if self.fix else ""
+        return f"[{self.severity.value}] {self.code.value}: {self.message}{fix}"
+
+
+@dataclass
+class SlotVerdict:
+    """What one slot of the draft input carries, compared with what the draft was trained on."""
+
+    index: int
+    expected_source: str
+    observed_source: str
+    score: float
+    margin: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.margin is None:
+            del out["margin"]
+        return out
+
+
+@dataclass
+class Acceptance:
+    """Acceptance summary over the steps seen (accept length counts the bonus token)."""
+
+    steps: int
+    mean_accept_length: float
+    per_position_rate: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    """The diagnosis JSON. ``status`` is derived from the findings so it cannot disagree with them."""
+
+    slots: list[SlotVerdict] = field(default_factory=list)
+    acceptance: Acceptance | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        codes = {f.code for f in self.findings if f.severity is Severity.CRITICAL}
+        wiring = codes - {Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP}
+        if wiring:
+            return "miswired"
+        if codes or any(f.code is Code.FEATURE_DRIFT for f in self.findings):
+            return "drift"
+        if any(f.severity is Severity.WARNING for f in self.findings):
+            return "warning"
+        return "ok"
+
+    @property
+    def exit_code(self) -> int:
+        """DESIGN §5.3: 0 healthy, 1 critical findings (2 is for usage errors, raised elsewhere)."""
+        return 1 if any(f.severity is Severity.CRITICAL for f in self.findings) else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "slots": [s.to_json() for s in self.slots],
+            "acceptance": self.acceptance.to_json() if self.acceptance else None,
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def human(self) -> str:
+        lines = [f"status: {self.status}"]
+        for s in self.slots:
+            mark = "" if s.expected_source == s.observed_source else "   <-- mismatch"
+            lines.append(
+                f"  slot {s.index}: trained on {s.expected_source:<12} observed {s.observed_source:<12}"
+                f" score {s.score:.3f}{mark}"
+            )
+        if self.acceptance:
+            a = self.acceptance
+            rates = ", ".join(f"{r:.2f}" for r in a.per_position_rate)
+            lines.append(f"  acceptance: {a.steps} steps, mean accept length {a.mean_accept_length:.2f}"
+                         f", per-position rate [{rates}]")
+        lines.extend("  " + f.one_line() for f in self.findings)
+        return "\n".join(lines)

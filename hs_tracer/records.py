@@ -1,0 +1,62 @@
+"""Records passed from the SGLang hooks to the background recorder and the exporters.
+
+They are plain data (no tensors, no references to engine objects) so they can cross a queue, be
+exported, or be written to disk without keeping GPU memory alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hs_tracer.fingerprint.stats import StepDigest
+
+
+@dataclass(frozen=True)
+class Ranks:
+    tp: int = 0
+    pp: int = 0
+    dp: int = 0
+
+    def labels(self) -> dict[str, str]:
+        return {"tp_rank": str(self.tp), "pp_rank": str(self.pp), "dp_rank": str(self.dp)}
+
+
+@dataclass
+class WiringRecord:
+    """How the target's hidden states are wired into the draft in this process, read at startup.
+
+    ``sources`` are canonical (``embedding``, ``block:<j>``, ``final_norm``) per slot, in slot order.
+    """
+
+    model: str
+    target_arch: str
+    num_layers: int
+    hidden_size: int
+    layers_to_capture: list[int]
+    sources: list[str]
+    configured_layer_ids: list[int] | None = None
+    draft_fc_in_features: int | None = None
+    draft_num_aux_states: int | None = None
+    draft_graph_width: int | None = None
+    use_aux_hidden_state: bool | None = None
+    spec_args: dict[str, Any] = field(default_factory=dict)
+    sglang_version: str = ""
+
+    @property
+    def expected_width(self) -> int:
+        return len(self.sources) * self.hidden_size
+
+
+@dataclass
+class StepRecord:
+    """One verify step of one scheduler: accept lengths (incl. the bonus token) and the step digest."""
+
+    step: int
+    time_unix_ns: int
+    ranks: Ranks
+    request_ids: list[str]
+    accept_lengths: list[int]
+    num_draft_tokens: int
+    digest: StepDigest | None = None
+    input_width: int | None = None

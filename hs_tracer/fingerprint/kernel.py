@@ -1,0 +1,188 @@
+"""Fused Triton fingerprint kernel: one read of ``x [N, K*H]``, step digest and channel sums out.
+
+Grid: one program per (slot, column block, row chunk). Each program streams its rows once, keeps
+``[BLOCK_N, BLOCK_H]`` running sums in registers, then
+
+* adds its per-column count / sum / sum of squares to the window accumulators (relaxed atomics),
+* writes its partial scalars (sum, sumsq, absmax, nonfinite) to a preallocated scratch row,
+* takes a ticket from a counter; the program that draws the last ticket reduces all partials into
+  the ``[K, 5]`` digest in a fixed order (deterministic) and resets the counter for the next launch.
+
+So there is one launch, no memset, no allocation, nothing read back: the kernel is safe to capture
+in a CUDA graph and replay (each replay writes a fresh digest and adds to the accumulators).
+Concurrent launches on different streams must not share one :class:`FingerprintWorkspace`.
+
+The module imports Triton, so import it only where a kernel will run (CUDA, or CPU under
+``TRITON_INTERPRET=1``, which is read when this module is imported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hs_tracer.fingerprint.reference import ChannelAccumulators
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH
+
+_PARTIAL_WIDTH = 4  # sum, sumsq, absmax, nonfinite
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape and grid size. ``waves``: programs aimed for per multiprocessor; ``block_p``:
+    partials the final program reduces per loop step."""
+
+    block_n: int = 16
+    block_h: int = 256
+    num_warps: int = 8
+    waves: int = 4
+    max_chunks: int = 64
+    block_p: int = 256
+
+
+DEFAULT_CONFIG = KernelConfig()
+
+
+@triton.jit(do_not_specialize=["n_rows", "rows_per_prog", "num_chunks"])
+def _fingerprint_kernel(
+    x_ptr, stride_row, stride_col,
+    n_rows, rows_per_prog, num_chunks, num_col_blocks, hidden, num_slots,
+    partial_ptr, ticket_ptr, digest_ptr,
+    acc_count_ptr, acc_sum_ptr, acc_sumsq_ptr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    chunk = pid % num_chunks
+    rest = pid // num_chunks
+    cb = rest % num_col_blocks
+    slot = rest // num_col_blocks
+
+    cols = cb * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < hidden
+    col_ptr = x_ptr + (slot * hidden + cols).to(tl.int64) * stride_col
+    row_start = chunk * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, n_rows)
+
+    acc_s = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
+    acc_q = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
+    acc_m = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
+    acc_bad = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
+    for r0 in range(row_start, row_end, BLOCK_N):
+        rows = r0 + tl.arange(0, BLOCK_N)
+        m = (rows < row_end)[:, None] & col_ok[None, :]
+        ptrs = col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row
+        v = tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+        ok = tl.abs(v) < float("inf")  # false for +-inf and NaN; masked lanes load 0 (finite)
+        vf = tl.where(ok, v, 0.0)
+        acc_s += vf
+        acc_q += vf * vf
+        acc_m = tl.maximum(acc_m, tl.abs(vf))
+        acc_bad += tl.where(ok, 0.0, 1.0)
+
+    col_sum = tl.sum(acc_s, axis=0)
+    col_sumsq = tl.sum(acc_q, axis=0)
+    col_bad = tl.sum(acc_bad, axis=0)
+    n_here = tl.maximum(row_end - row_start, 0)
+    acc_off = slot * hidden + cols
+    tl.atomic_add(acc_sum_ptr + acc_off, col_sum, mask=col_ok, sem="relaxed")
+    tl.atomic_add(acc_sumsq_ptr + acc_off, col_sumsq, mask=col_ok, sem="relaxed")
+    tl.atomic_add(acc_count_ptr + acc_off, n_here - col_bad.to(tl.int32), mask=col_ok, sem="relaxed")
+
+    part = partial_ptr + pid * 4
+    tl.store(part + 0, tl.sum(col_sum, axis=0))
+    tl.store(part + 1, tl.sum(col_sumsq, axis=0))
+    tl.store(part + 2, tl.max(tl.max(acc_m, axis=0), axis=0))
+    tl.store(part + 3, tl.sum(col_bad, axis=0))
+    tl.debug_barrier()
+    # acq_rel: our partials are visible before the ticket; the last holder sees everyone's.
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == num_slots * num_col_blocks * num_chunks - 1:
+        per_slot = num_col_blocks * num_chunks
+        offs = tl.arange(0, BLOCK_P)
+        for s in range(0, num_slots):
+            v_s = tl.zeros([BLOCK_P], dtype=tl.float32)
+            v_q = tl.zeros([BLOCK_P], dtype=tl.float32)
+            v_m = tl.zeros([BLOCK_P], dtype=tl.float32)
+            v_b = tl.zeros([BLOCK_P], dtype=tl.float32)
+            for p0 in range(0, per_slot, BLOCK_P):
+                idx = p0 + offs
+                pm = idx < per_slot
+                p = partial_ptr + (s * per_slot + idx) * 4
+                v_s += tl.load(p + 0, mask=pm, other=0.0, cache_modifier=".cg")
+                v_q += tl.load(p + 1, mask=pm, other=0.0, cache_modifier=".cg")
+                v_m = tl.maximum(v_m, tl.load(p + 2, mask=pm, other=0.0, cache_modifier=".cg"))
+                v_b += tl.load(p + 3, mask=pm, other=0.0, cache_modifier=".cg")
+            bad = tl.sum(v_b, axis=0)
+            out = digest_ptr + s * 5
+            tl.store(out + 0, (n_rows * hidden).to(tl.float32) - bad)
+            tl.store(out + 1, tl.sum(v_s, axis=0))
+            tl.store(out + 2, tl.sum(v_q, axis=0))
+            tl.store(out + 3, tl.max(v_m, axis=0))
+            tl.store(out + 4, bad)
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed")
+
+
+class FingerprintWorkspace:
+    """Everything one kernel launch touches besides its input and digest, allocated once.
+
+    ``acc`` holds the window's per-channel sums; ``digest`` is a device ``[K, 5]`` buffer for callers
+    that don't pass their own output (graph capture, the memcpy readback path).
+    """
+
+    def __init__(self, num_slots: int, hidden: int, device: torch.device | str,
+                 config: KernelConfig = DEFAULT_CONFIG, num_sms: int | None = None) -> None:
+        device = torch.device(device)
+        if num_slots < 1 or hidden < 1:
+            raise ValueError(f"num_slots and hidden must be positive, got {num_slots}, {hidden}")
+        self.num_slots = num_slots
+        self.hidden = hidden
+        self.device = device
+        self.config = config
+        self.block_h = min(config.block_h, triton.next_power_of_2(hidden))
+        self.num_col_blocks = triton.cdiv(hidden, self.block_h)
+        if num_sms is None:
+            cuda = device.type == "cuda"
+            num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
+        self.num_sms = num_sms
+        self.acc = ChannelAccumulators(
+            torch.zeros((num_slots, hidden), dtype=torch.int32, device=device),
+            torch.zeros((2, num_slots, hidden), dtype=torch.float32, device=device))
+        self.digest = torch.zeros((num_slots, DIGEST_WIDTH), dtype=torch.float32, device=device)
+        max_programs = num_slots * self.num_col_blocks * config.max_chunks
+        self._partials = torch.zeros(max_programs * _PARTIAL_WIDTH, dtype=torch.float32, device=device)
+        self._ticket = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def grid(self, n_rows: int) -> tuple[int, int]:
+        """(row chunks, rows per chunk) for ``n_rows``: enough programs to fill the GPU, none empty."""
+        cfg = self.config
+        per_chunk = self.num_slots * self.num_col_blocks
+        want = max(1, triton.cdiv(cfg.waves * self.num_sms, per_chunk))
+        chunks = max(1, min(triton.cdiv(n_rows, cfg.block_n), want, cfg.max_chunks))
+        rows_per = triton.cdiv(triton.cdiv(n_rows, chunks), cfg.block_n) * cfg.block_n
+        return triton.cdiv(n_rows, rows_per), rows_per
+
+
+def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
+                      digest_out: torch.Tensor | None = None) -> None:
+    """Enqueue the fused kernel on the current stream: digest into ``digest_out`` (default
+    ``ws.digest``; any ``[K, 5]`` float32 memory the GPU can write, pinned host memory included),
+    per-channel sums added to ``ws.acc``. ``x`` must be ``[N, K*H]`` with ``N >= 1``."""
+    if x.dim() != 2 or x.shape[1] != ws.num_slots * ws.hidden:
+        raise ValueError(f"expected x of shape [N, {ws.num_slots}*{ws.hidden}], got {tuple(x.shape)}")
+    n = x.shape[0]
+    if n == 0:
+        raise ValueError("fingerprint_fused needs at least one row; handle N=0 on the host")
+    out = ws.digest if digest_out is None else digest_out
+    chunks, rows_per = ws.grid(n)
+    grid = (ws.num_slots * ws.num_col_blocks * chunks,)
+    _fingerprint_kernel[grid](
+        x, x.stride(0), x.stride(1),
+        n, rows_per, chunks, ws.num_col_blocks, ws.hidden, ws.num_slots,
+        ws._partials, ws._ticket, out,
+        ws.acc.count, ws.acc.sums[0], ws.acc.sums[1],
+        BLOCK_N=ws.config.block_n, BLOCK_H=ws.block_h, BLOCK_P=ws.config.block_p,
+        num_warps=ws.config.num_warps,
+    )

@@ -1,0 +1,341 @@
+"""OpenTelemetry export: sampled hs_tracer step spans, and per-step events on SGLang request traces.
+
+Why this shape:
+
+* Spans are made by the recorder thread from already-recorded step records (start and end times are
+  the step's own timestamp), never on the scheduler thread; a BatchSpanProcessor ships them over
+  OTLP/HTTP from its own thread. Only 1 step in ``round(1/sample)`` gets a span (plus every step
+  with non-finite features), so the cost stays far below 1% of a step
+  (benchmarks/results/export_overhead.md). Spans carry metadata and scalars only: slot sources,
+  widths, digests, accept lengths; never tensors or prompt text.
+* When SGLang's tracing is on (``--enable-trace``), SGLang has installed the global tracer provider:
+  hs_tracer then uses it, so its spans share SGLang's service, endpoint and exporter. Otherwise
+  hs_tracer builds a private provider (never the global one: SGLang installs that, and only one
+  may be set per process). The private provider honours the standard ``OTEL_*`` variables
+  (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``..._HEADERS``,
+  ``..._TIMEOUT``, ``..._COMPRESSION``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
+  ``OTEL_TRACES_SAMPLER``, ``OTEL_BSP_*``).
+* Collector down or slow: the processor's queue is bounded and hs_tracer never hands it more spans
+  than it can hold; the rest are dropped and counted (:attr:`OtelExporter.dropped`), so the
+  recorder never blocks and serving is never affected.
+* With SGLang's request tracing on, :func:`attach_step_events` adds one event per request and step
+  to the request's trace through SGLang's own ``trace_ctx.trace_event``, and the step span links
+  to each request's root span.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hs_tracer import __version__
+from hs_tracer.diagnosis.findings import SlotVerdict
+from hs_tracer.records import Ranks, StepRecord, WiringRecord
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.trace import SpanContext, Tracer
+
+logger = logging.getLogger("hs_tracer")
+
+SPAN_NAME = "hs_tracer.verify_step"
+"""Name of hs_tracer's sampled step span."""
+
+EVENT_NAME = "hs_tracer.verify"
+"""Name of the per-step event added to SGLang request traces."""
+
+SCOPE_NAME = "hs_tracer"
+"""Instrumentation scope of hs_tracer's spans (lets a collector route or filter them)."""
+
+DEFAULT_SPAN_SAMPLE = 0.01
+"""Fraction of verify steps exported as spans (``HS_TRACER_SPAN_SAMPLE``); see the benchmark."""
+
+EVENT_LEVEL = 2
+"""SGLang trace level of hs_tracer's request events: the level of SGLang's own spec stages."""
+
+MAX_LINKS = 32
+"""Request traces linked from one step span (OTel's default link limit is 128)."""
+
+MAX_LIST = 256
+"""Longest per-request list attribute on a step span (accept lengths, request ids)."""
+
+
+def request_span_context(trace_ctx: Any) -> SpanContext | None:
+    """The span context of a request's root span from SGLang's ``req.time_stats.trace_ctx``.
+
+    Works for SGLang's synchronous and async trace contexts (both keep ``root_span_context``, an
+    OTel Context restored from the propagated carrier in scheduler processes); ``None`` when the
+    request is not traced.
+    """
+    if trace_ctx is None or not getattr(trace_ctx, "tracing_enable", False):
+        return None
+    root = getattr(trace_ctx, "root_span_context", None)
+    if root is None:
+        return None
+    from opentelemetry import trace
+
+    span_context = trace.get_current_span(root).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def attach_step_events(rec: StepRecord, trace_ctxs: Sequence[Any], *, level: int = EVENT_LEVEL,
+                       step_span: SpanContext | None = None) -> int:
+    """Add one ``hs_tracer.verify`` event per traced request to its SGLang request trace.
+
+    ``trace_ctxs[i]`` is ``req.time_stats.trace_ctx`` of the request whose accept length is
+    ``rec.accept_lengths[i]``. SGLang files the event under the request slice covering the step's
+    timestamp, or under the request's scheduler span once that slice has ended. Call it from the
+    recorder thread: SGLang's ``trace_event`` only appends to the context's buffer.
+    Returns the number of events attached.
+    """
+    attached = 0
+    common: dict[str, Any] = {
+        "hs_tracer.step": rec.step,
+        "hs_tracer.num_draft_tokens": rec.num_draft_tokens,
+        "hs_tracer.tp_rank": rec.ranks.tp,
+    }
+    if rec.digest is not None:
+        common["hs_tracer.slot.rms"] = [s.rms for s in rec.digest.slots]
+        common["hs_tracer.slot.nonfinite"] = [s.nonfinite for s in rec.digest.slots]
+    if rec.input_width is not None:
+        common["hs_tracer.input_width"] = rec.input_width
+    if step_span is not None:
+        common["hs_tracer.step_trace_id"] = format(step_span.trace_id, "032x")
+        common["hs_tracer.step_span_id"] = format(step_span.span_id, "016x")
+    for i, ctx in enumerate(trace_ctxs):
+        if ctx is None or not getattr(ctx, "tracing_enable", False):
+            continue
+        attrs = dict(common)
+        if i < len(rec.accept_lengths):
+            attrs["hs_tracer.accept_length"] = rec.accept_lengths[i]
+        ctx.trace_event(EVENT_NAME, level, ts=rec.time_unix_ns, attrs=attrs)
+        attached += 1
+    return attached
+
+
+class _CountingExporter:
+    """Wraps the OTLP exporter to count what it exported or failed to export, so hs_tracer knows
+    how many spans are still queued or in flight (the SDK drops queue overflow silently)."""
+
+    def __init__(self, inner: SpanExporter, on_done: Any) -> None:
+        self._inner = inner
+        self._on_done = on_done
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self._inner.export(spans)
+        except Exception:  # the SDK would only log it; hs_tracer counts it as dropped
+            logger.debug("hs_tracer: span export raised", exc_info=True)
+            result = SpanExportResult.FAILURE
+        self._on_done(len(spans), result is SpanExportResult.SUCCESS)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class OtelExporter:
+    """hs_tracer's sampled step spans for one scheduler process. Call it from the recorder thread.
+
+    ``sample``: fraction of verify steps exported (0 = none, 1 = all).
+    ``endpoint``: OTLP/HTTP traces URL for the private provider (default: the ``OTEL_*`` variables,
+    else ``http://localhost:4318/v1/traces``). ``provider``: use this tracer provider instead of
+    resolving one (tests).
+    """
+
+    def __init__(self, model: str, ranks: Ranks, *, sample: float = DEFAULT_SPAN_SAMPLE,
+                 endpoint: str | None = None, provider: Any = None) -> None:
+        if not 0.0 <= sample <= 1.0:
+            raise ValueError(f"span sample {sample!r} must be a fraction between 0 and 1 "
+                             "(HS_TRACER_SPAN_SAMPLE)")
+        self.model = model
+        self.ranks = ranks
+        self.every = round(1 / sample) if sample > 0 else 0
+        self._endpoint = endpoint
+        self._provider = provider
+        self._own_provider: TracerProvider | None = None
+        self._tracer: Tracer | None = None
+        self._steps = 0
+        self._lock = threading.Lock()
+        self._queue_limit = 0  # 0: not hs_tracer's processor, nothing to gate or count
+        self._in_flight = 0
+        self.exported = 0
+        self.dropped = 0
+        self.uses_sglang_provider = False
+        self._static: dict[str, Any] = {
+            "hs_tracer.model": model,
+            "hs_tracer.tp_rank": ranks.tp,
+            "hs_tracer.pp_rank": ranks.pp,
+            "hs_tracer.dp_rank": ranks.dp,
+        }
+        self._wiring: dict[str, Any] = {}
+        self._slots: dict[str, Any] = {}
+
+    # --- provider -----------------------------------------------------------------------------------
+
+    def _resolve_tracer(self) -> Tracer:
+        """Resolved at the first sampled step, not at creation: SGLang initialises its tracing in the
+        scheduler after the plugin has loaded."""
+        from opentelemetry import trace
+
+        provider = self._provider
+        if provider is None:
+            global_provider = trace.get_tracer_provider()
+            if not isinstance(global_provider, trace.ProxyTracerProvider):
+                provider = global_provider
+                self.uses_sglang_provider = True
+            else:
+                provider = self._own_provider = self._build_provider()
+        return provider.get_tracer(SCOPE_NAME, __version__)
+
+    def _build_provider(self) -> TracerProvider:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                  os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
+        if protocol != "http/protobuf":
+            logger.warning("hs_tracer: exports its own spans over OTLP http/protobuf only "
+                           "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=%s ignored); point "
+                           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT at the collector's HTTP port (4318).",
+                           protocol)
+        # Attributes passed here override the environment, so set the name only when it is unset.
+        attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "hs_tracer"}
+        # shutdown_on_exit=False: an unreachable collector must not hold up the scheduler's exit;
+        # the recorder calls shutdown() with a short timeout instead.
+        provider = TracerProvider(resource=Resource.create(attrs), shutdown_on_exit=False)
+        self._queue_limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
+        exporter = _CountingExporter(OTLPSpanExporter(endpoint=self._endpoint), self._export_done)
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=self._queue_limit))
+        return provider
+
+    def _export_done(self, n: int, ok: bool) -> None:
+        with self._lock:
+            self._in_flight -= n
+            if ok:
+                self.exported += n
+            else:
+                self.dropped += n
+
+    # --- records ------------------------------------------------------------------------------------
+
+    def record_wiring(self, w: WiringRecord) -> None:
+        """Remember the wiring; sampled spans carry it."""
+        wiring: dict[str, Any] = {
+            "hs_tracer.target_arch": w.target_arch,
+            "hs_tracer.hidden_size": w.hidden_size,
+            "hs_tracer.expected_width": w.expected_width,
+            "hs_tracer.layers_to_capture": list(w.layers_to_capture),
+            "hs_tracer.slot.source": list(w.sources),
+        }
+        if w.draft_fc_in_features is not None:
+            wiring["hs_tracer.draft_fc_in_features"] = w.draft_fc_in_features
+        self._wiring = wiring
+
+    def record_slots(self, verdicts: Sequence[SlotVerdict]) -> None:
+        """Remember the latest slot identification; sampled spans carry it."""
+        ordered = sorted(verdicts, key=lambda v: v.index)
+        self._slots = {
+            "hs_tracer.slot.expected_source": [v.expected_source for v in ordered],
+            "hs_tracer.slot.observed_source": [v.observed_source for v in ordered],
+            "hs_tracer.slot.match_score": [float(v.score) for v in ordered],
+        } if ordered else {}
+
+    def record_step(self, rec: StepRecord, trace_ctxs: Sequence[Any] | None = None) -> SpanContext | None:
+        """Export a span for this step if it is sampled; attach request events when given SGLang's
+        trace contexts (aligned with ``rec.accept_lengths``). Never blocks.
+
+        Returns the span's context when a span was exported, else ``None``.
+        """
+        self._steps += 1
+        sampled = self.every and (self._steps - 1) % self.every == 0
+        if not sampled and rec.digest is not None:
+            sampled = any(s.nonfinite for s in rec.digest.slots)
+        span_context = self._emit(rec, trace_ctxs) if sampled else None
+        if trace_ctxs:
+            attach_step_events(rec, trace_ctxs, step_span=span_context)
+        return span_context
+
+    def _emit(self, rec: StepRecord, trace_ctxs: Sequence[Any] | None) -> SpanContext | None:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import Link
+
+        if self._tracer is None:
+            self._tracer = self._resolve_tracer()
+        if self._queue_limit:
+            with self._lock:
+                if self._in_flight >= self._queue_limit:
+                    self.dropped += 1
+                    return None
+                self._in_flight += 1
+        links = []
+        for ctx in trace_ctxs or ():
+            linked = request_span_context(ctx)
+            if linked is not None:
+                links.append(Link(linked))
+                if len(links) == MAX_LINKS:
+                    break
+        span = self._tracer.start_span(SPAN_NAME, context=otel_context.Context(),
+                                       attributes=self._attributes(rec), links=links,
+                                       start_time=rec.time_unix_ns)
+        span.end(end_time=rec.time_unix_ns)
+        span_context = span.get_span_context()
+        if self._queue_limit and not span_context.trace_flags.sampled:
+            with self._lock:  # an OTEL_TRACES_SAMPLER said no: it never reaches the processor
+                self._in_flight -= 1
+        return span_context if span_context.trace_flags.sampled else None
+
+    def _attributes(self, rec: StepRecord) -> dict[str, Any]:
+        lengths = rec.accept_lengths
+        attrs: dict[str, Any] = {
+            **self._static,
+            "hs_tracer.step": rec.step,
+            "hs_tracer.batch_size": len(lengths),
+            "hs_tracer.num_draft_tokens": rec.num_draft_tokens,
+            **self._wiring,
+            **self._slots,
+        }
+        if lengths:
+            attrs["hs_tracer.accept_lengths"] = list(lengths[:MAX_LIST])
+            attrs["hs_tracer.accept_length.mean"] = sum(lengths) / len(lengths)
+            attrs["hs_tracer.accepted_tokens"] = sum(max(a - 1, 0) for a in lengths)
+        if rec.request_ids:
+            attrs["hs_tracer.request_ids"] = [str(r) for r in rec.request_ids[:MAX_LIST]]
+        if rec.input_width is not None:
+            attrs["hs_tracer.input_width"] = rec.input_width
+        if rec.digest is not None:
+            slots = rec.digest.slots
+            attrs["hs_tracer.digest.tokens"] = rec.digest.tokens
+            attrs["hs_tracer.slot.count"] = [s.count for s in slots]
+            attrs["hs_tracer.slot.mean"] = [float(s.mean) for s in slots]
+            attrs["hs_tracer.slot.rms"] = [float(s.rms) for s in slots]
+            attrs["hs_tracer.slot.absmax"] = [float(s.absmax) for s in slots]
+            attrs["hs_tracer.slot.nonfinite"] = [s.nonfinite for s in slots]
+        return attrs
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        """Export what is queued now (tests, shutdown). A no-op for SGLang's provider."""
+        if self._own_provider is None:
+            return True
+        return self._own_provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Stop hs_tracer's private span pipeline; spans still queued after ``timeout_s`` are lost."""
+        if self._own_provider is not None:
+            worker = threading.Thread(target=self._own_provider.shutdown, daemon=True,
+                                      name="hs_tracer-otel-shutdown")
+            worker.start()
+            worker.join(timeout_s)

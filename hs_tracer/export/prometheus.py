@@ -1,0 +1,379 @@
+"""Prometheus metrics of one SGLang scheduler process (prefix ``hs_tracer_``).
+
+Every metric is defined once, in :class:`_Metrics`, with its help text as its documentation;
+docs/metrics.md is the reference for users (units, labels, PromQL).
+
+Design choices, and why:
+
+* Acceptance is exported as **counters** (verify steps, drafts, draft tokens, accepted tokens,
+  accepted tokens per draft position) plus an accept-length histogram, so that rates aggregate
+  correctly across ranks, instances and time windows with ``rate()`` / ``sum``. SGLang's own
+  ``sglang:spec_accept_length`` is a gauge of per-interval averages and cannot be re-aggregated.
+* ``prometheus_client`` is imported only when an exporter is created, inside the scheduler process
+  and from the recorder thread, never at plugin load: an early import in SGLang's main process fixes
+  the value class before ``PROMETHEUS_MULTIPROC_DIR`` is set and breaks SGLang's tokenizer metrics.
+* With ``PROMETHEUS_MULTIPROC_DIR`` set (SGLang ``--enable-metrics``) the values go to the shared
+  mmap files and appear on SGLang's own ``/metrics``; gauges therefore carry an explicit
+  ``multiprocess_mode`` and no series is ever removed (multiprocess mode cannot remove children).
+  Otherwise hs_tracer serves its own ``/metrics`` on :func:`metrics_port_for`.
+* Labels are bounded: model and ranks everywhere, plus slot index, canonical source names, draft
+  position, finding code/severity. Never request ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hs_tracer.diagnosis.findings import Finding, SlotVerdict
+from hs_tracer.records import Ranks, StepRecord, WiringRecord
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+logger = logging.getLogger("hs_tracer")
+
+DEFAULT_BASE_PORT = 9464
+"""Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
+
+BASE_LABELS = ("model", "tp_rank", "pp_rank", "dp_rank")
+"""Labels on every hs_tracer metric: the served model and the scheduler's ranks."""
+
+ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
+"""Accept lengths are integers >= 1 (the bonus token included); ``le="1"`` counts full rejections."""
+
+OVERHEAD_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
+"""Host overhead per step in seconds; the per-step hook budget is 25 µs (issue 6)."""
+
+_GAUGE_MODE = "mostrecent"
+"""Multiprocess mode of every gauge: the value last set, whichever process set it. Each series
+carries its scheduler's ranks, so no two processes write the same series."""
+
+
+def metrics_port_for(ranks: Ranks, base: int | None = None) -> int:
+    """hs_tracer's own metrics port for one scheduler process: ``base + tp + 8*pp + 64*dp``.
+
+    Unique per process on one host as long as tp < 8 per pp stage and tp*pp stages < 64 per DP
+    replica, which covers 8-GPU hosts. ``base`` is ``HS_TRACER_METRICS_PORT`` (default 9464).
+    """
+    return (DEFAULT_BASE_PORT if base is None else base) + ranks.tp + 8 * ranks.pp + 64 * ranks.dp
+
+
+def multiprocess_dir() -> str | None:
+    """The prometheus_client multiprocess directory this process really writes to, if any.
+
+    The env var alone is not enough: prometheus_client picks its value class at import, so a process
+    that imported it before the variable was set writes to memory. Then we serve our own endpoint.
+    """
+    # prometheus_client still honours the legacy lower-case name.
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112
+    if not path:
+        return None
+    from prometheus_client import values
+
+    if values.ValueClass is values.MutexValue:
+        logger.warning(
+            "hs_tracer: PROMETHEUS_MULTIPROC_DIR is set but prometheus_client was imported before it "
+            "was; hs_tracer metrics go to its own port instead of SGLang's /metrics. Fix: set the "
+            "variable before the process starts (SGLang --enable-metrics does this for schedulers).")
+        return None
+    return path
+
+
+class _Metrics:
+    """Every hs_tracer metric, defined once. The help strings are the metric documentation."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        base = BASE_LABELS
+        kw: dict[str, Any] = {"registry": registry}
+        gauge_kw: dict[str, Any] = {"registry": registry, "multiprocess_mode": _GAUGE_MODE}
+
+        # --- acceptance (counters: aggregate with rate() and sum across ranks) -------------------
+        self.verify_steps = Counter(
+            "hs_tracer_verify_steps", "Batched verify passes seen (one per scheduler step with "
+            "speculation, whatever the batch size).", base, **kw)
+        self.drafts = Counter(
+            "hs_tracer_drafts", "Request-level verifications: one per request per verify step "
+            "(vLLM's num_drafts). Mean accept length = 1 + accepted_tokens / drafts.", base, **kw)
+        self.draft_tokens = Counter(
+            "hs_tracer_draft_tokens", "Draft tokens proposed: per request per verify step, SGLang's "
+            "speculative_num_draft_tokens - 1 (as SGLang's own spec_accept_rate counts them).",
+            base, **kw)
+        self.accepted_tokens = Counter(
+            "hs_tracer_accepted_tokens", "Draft tokens accepted (the bonus token excluded): "
+            "accept_length - 1 per request per verify step.", base, **kw)
+        self.accepted_per_position = Counter(
+            "hs_tracer_accepted_tokens_per_position", "Accepted draft tokens at draft position "
+            "`position` (0-based): position i counts a request-step when accept_length - 1 > i. "
+            "Divided by drafts it is the unconditional per-position acceptance rate.",
+            (*base, "position"), **kw)
+        self.accept_length = Histogram(
+            "hs_tracer_accept_length", "Accept length per request per verify step, in tokens, the "
+            "bonus token included (1 = every draft token rejected).", base,
+            buckets=ACCEPT_LENGTH_BUCKETS, **kw)
+
+        # --- per-slot features of the draft input ------------------------------------------------
+        self.slot_match_score = Gauge(
+            "hs_tracer_slot_match_score", "Similarity (0..1) of the slot's live features to the "
+            "reference profile of `observed_source`, the best-matching canonical source; "
+            "`expected_source` is what the draft was trained on. A superseded observed_source series "
+            "is set to NaN (series cannot be removed in multiprocess mode).",
+            (*base, "slot", "expected_source", "observed_source"), **gauge_kw)
+        self.slot_mismatch = Gauge(
+            "hs_tracer_slot_mismatch", "1 if the slot's observed source differs from the source the "
+            "draft was trained on (a wiring mismatch), else 0.", (*base, "slot"), **gauge_kw)
+        self.slot_match_margin = Gauge(
+            "hs_tracer_slot_match_margin", "Score gap between the best and the second-best matching "
+            "source of the slot (how sure the identification is).", (*base, "slot"), **gauge_kw)
+        self.slot_drift = Gauge(
+            "hs_tracer_slot_drift_score", "Drift of the slot's live per-channel feature statistics "
+            "from the reference profile of its expected source over the last diagnosis window "
+            "(0 = identical; see docs/metrics.md for the scale).", (*base, "slot"), **gauge_kw)
+        self.slot_rms = Gauge(
+            "hs_tracer_slot_rms", "RMS of the slot's finite draft-input values in the last verify "
+            "step seen (unitless, hidden-state scale).", (*base, "slot"), **gauge_kw)
+        self.slot_nonfinite = Counter(
+            "hs_tracer_slot_nonfinite_values", "Non-finite (NaN/Inf) values seen in the slot's draft "
+            "input.", (*base, "slot"), **kw)
+        self.input_width = Gauge(
+            "hs_tracer_draft_input_width", "Width (columns) of the draft's input features in the "
+            "last verify step: K*H with aux hidden states, H without.", base, **gauge_kw)
+        self.last_step_time = Gauge(
+            "hs_tracer_last_step_timestamp_seconds", "Unix time of the last verify step exported; "
+            "a stale value means the producer stopped, not that all is well.", base, **gauge_kw)
+
+        # --- wiring (static, read at startup) ----------------------------------------------------
+        self.wiring_info = Gauge(
+            "hs_tracer_wiring_info", "Wiring of target hidden states into the draft as read at "
+            "startup; value 1 for the current wiring, 0 for a superseded one. Lists are "
+            "comma-separated in slot order.",
+            (*base, "target_arch", "num_layers", "hidden_size", "layers_to_capture",
+             "configured_layer_ids", "sources", "expected_width", "draft_fc_in_features",
+             "draft_graph_width", "use_aux_hidden_state", "sglang_version"), **gauge_kw)
+
+        # --- findings ------------------------------------------------------------------------------
+        self.findings = Counter(
+            "hs_tracer_findings", "Findings raised, by stable finding code and severity.",
+            (*base, "code", "severity"), **kw)
+
+        # --- tracer health -------------------------------------------------------------------------
+        self.records_dropped = Counter(
+            "hs_tracer_records_dropped", "Step records dropped because the recorder queue was full "
+            "(the scheduler never waits on hs_tracer).", base, **kw)
+        self.hook_errors = Counter(
+            "hs_tracer_hook_errors", "Exceptions caught inside hs_tracer hooks (each switches "
+            "tracing off; serving continues).", base, **kw)
+        self.spans_dropped = Counter(
+            "hs_tracer_spans_dropped", "hs_tracer step spans dropped: export queue full or the "
+            "collector unreachable/slow.", base, **kw)
+        self.enabled = Gauge(
+            "hs_tracer_enabled", "1 while tracing is on in this scheduler, 0 after it switched itself "
+            "off.", base, **gauge_kw)
+        self.host_overhead = Histogram(
+            "hs_tracer_host_overhead_seconds", "Host (CPU) time the per-step hooks added to the "
+            "scheduler thread, per verify step, in seconds.", base, buckets=OVERHEAD_BUCKETS, **kw)
+
+
+class PrometheusExporter:
+    """Writes hs_tracer's metrics for one scheduler process. Call it from the recorder thread only.
+
+    ``port``: where to serve ``/metrics`` when SGLang's multiprocess registry is not in use
+    (``None``: :func:`metrics_port_for` the ranks; ``0``: a free port, see :attr:`port`).
+    ``serve=False`` never starts a server (metrics still readable from :attr:`registry`).
+    One instance per process: in multiprocess mode two would overwrite each other's files.
+    """
+
+    def __init__(self, model: str, ranks: Ranks, *, port: int | None = None, serve: bool = True) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.model = model
+        self.ranks = ranks
+        self.multiprocess = multiprocess_dir() is not None
+        self.registry = CollectorRegistry()
+        self._m = _Metrics(self.registry)
+        self._base = {"model": model, **ranks.labels()}
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self.port: int | None = None
+
+        m, b = self._m, self._base
+        # Children created up front so every series starts at 0 and rate() sees its first increase.
+        self._verify_steps = m.verify_steps.labels(**b)
+        self._drafts = m.drafts.labels(**b)
+        self._draft_tokens = m.draft_tokens.labels(**b)
+        self._accepted = m.accepted_tokens.labels(**b)
+        self._accept_length = m.accept_length.labels(**b)
+        self._positions: list[Any] = []
+        self._input_width = m.input_width.labels(**b)
+        self._last_step_time = m.last_step_time.labels(**b)
+        self._slot_rms: list[Any] = []
+        self._slot_nonfinite: list[Any] = []
+        self._records_dropped = m.records_dropped.labels(**b)
+        self._hook_errors = m.hook_errors.labels(**b)
+        self._spans_dropped = m.spans_dropped.labels(**b)
+        self._enabled = m.enabled.labels(**b)
+        self._host_overhead = m.host_overhead.labels(**b)
+        self._enabled.set(1)
+        self._totals = {"dropped": 0, "hook_errors": 0, "spans_dropped": 0}
+        self._wiring_labels: dict[str, str] | None = None
+        self._slot_series: dict[int, tuple[str, str]] = {}
+
+        if serve and not self.multiprocess:
+            self._start_server(metrics_port_for(ranks) if port is None else port)
+
+    # --- serving ------------------------------------------------------------------------------------
+
+    def _start_server(self, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        addr = os.environ.get("HS_TRACER_METRICS_ADDR", "0.0.0.0")
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            logger.warning(
+                "hs_tracer: cannot serve metrics on %s:%d (%s); metrics are still recorded but not "
+                "served. Fix: set HS_TRACER_METRICS_PORT to a free base port, or run SGLang with "
+                "--enable-metrics to publish them on SGLang's /metrics.", addr, port, exc)
+            return
+        self._server = server
+        self.port = server.server_address[1]
+        logger.info("hs_tracer: metrics on http://%s:%d/metrics", addr, self.port)
+
+    def close(self) -> None:
+        """Stop hs_tracer's own HTTP server, if one runs."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # --- records ------------------------------------------------------------------------------------
+
+    def _position(self, i: int) -> Any:
+        while len(self._positions) <= i:
+            self._positions.append(
+                self._m.accepted_per_position.labels(**self._base, position=str(len(self._positions))))
+        return self._positions[i]
+
+    def _slot_children(self, k: int) -> None:
+        while len(self._slot_rms) <= k:
+            slot = str(len(self._slot_rms))
+            self._slot_rms.append(self._m.slot_rms.labels(**self._base, slot=slot))
+            self._slot_nonfinite.append(self._m.slot_nonfinite.labels(**self._base, slot=slot))
+
+    def record_step(self, rec: StepRecord) -> None:
+        """Count one verify step: accept lengths (bonus token included) and the step digest."""
+        with self._lock:
+            self._verify_steps.inc()
+            self._last_step_time.set(rec.time_unix_ns / 1e9)
+            if rec.input_width is not None:
+                self._input_width.set(rec.input_width)
+            lengths = rec.accept_lengths
+            n = len(lengths)
+            if n:
+                self._drafts.inc(n)
+                if rec.num_draft_tokens > 1:
+                    self._draft_tokens.inc(n * (rec.num_draft_tokens - 1))
+                per_position: list[int] = []
+                accepted = 0
+                for length in lengths:
+                    self._accept_length.observe(length)
+                    drafted_ok = max(length - 1, 0)
+                    accepted += drafted_ok
+                    if drafted_ok > len(per_position):
+                        per_position.extend([0] * (drafted_ok - len(per_position)))
+                    for i in range(drafted_ok):
+                        per_position[i] += 1
+                if accepted:
+                    self._accepted.inc(accepted)
+                for i, count in enumerate(per_position):
+                    self._position(i).inc(count)
+            if rec.digest is not None:
+                self._slot_children(len(rec.digest.slots) - 1)
+                for k, slot in enumerate(rec.digest.slots):
+                    self._slot_rms[k].set(slot.rms)
+                    if slot.nonfinite:
+                        self._slot_nonfinite[k].inc(slot.nonfinite)
+
+    def record_wiring(self, w: WiringRecord) -> None:
+        """Publish the wiring as an info-style gauge; pre-create the per-position counters."""
+        labels = {
+            "target_arch": w.target_arch,
+            "num_layers": str(w.num_layers),
+            "hidden_size": str(w.hidden_size),
+            "layers_to_capture": _join(w.layers_to_capture),
+            "configured_layer_ids": _join(w.configured_layer_ids),
+            "sources": _join(w.sources),
+            "expected_width": str(w.expected_width),
+            "draft_fc_in_features": _str(w.draft_fc_in_features),
+            "draft_graph_width": _str(w.draft_graph_width),
+            "use_aux_hidden_state": _str(w.use_aux_hidden_state),
+            "sglang_version": w.sglang_version,
+        }
+        with self._lock:
+            if self._wiring_labels is not None and self._wiring_labels != labels:
+                self._m.wiring_info.labels(**self._base, **self._wiring_labels).set(0)
+            self._m.wiring_info.labels(**self._base, **labels).set(1)
+            self._wiring_labels = labels
+            num_draft_tokens = w.spec_args.get("speculative_num_draft_tokens")
+            if isinstance(num_draft_tokens, int) and num_draft_tokens > 1:
+                self._position(num_draft_tokens - 2)
+            self._slot_children(len(w.sources) - 1)
+
+    def record_slots(self, verdicts: Sequence[SlotVerdict], drift: Sequence[float] = ()) -> None:
+        """Publish the latest slot identification and drift; ``drift[i]`` belongs to slot i."""
+        m, b = self._m, self._base
+        with self._lock:
+            for v in verdicts:
+                slot = str(v.index)
+                series = (v.expected_source, v.observed_source)
+                old = self._slot_series.get(v.index)
+                if old is not None and old != series:
+                    m.slot_match_score.labels(**b, slot=slot, expected_source=old[0],
+                                              observed_source=old[1]).set(math.nan)
+                m.slot_match_score.labels(**b, slot=slot, expected_source=v.expected_source,
+                                          observed_source=v.observed_source).set(v.score)
+                self._slot_series[v.index] = series
+                m.slot_mismatch.labels(**b, slot=slot).set(float(v.expected_source != v.observed_source))
+                if v.margin is not None:
+                    m.slot_match_margin.labels(**b, slot=slot).set(v.margin)
+            for k, value in enumerate(drift):
+                m.slot_drift.labels(**b, slot=str(k)).set(value)
+
+    def record_finding(self, f: Finding) -> None:
+        """Count one finding by its stable code and severity."""
+        with self._lock:
+            self._m.findings.labels(**self._base, code=f.code.value, severity=f.severity.value).inc()
+
+    def record_health(self, dropped: int, hook_errors: int, enabled: bool,
+                      host_overhead_s: float | None = None, spans_dropped: int | None = None) -> None:
+        """Publish tracer health. ``dropped``, ``hook_errors`` and ``spans_dropped`` are cumulative
+        totals since start (the counters advance by the increase); ``host_overhead_s`` is one step's
+        host time, observed into the histogram when given."""
+        with self._lock:
+            self._advance("dropped", dropped, self._records_dropped)
+            self._advance("hook_errors", hook_errors, self._hook_errors)
+            if spans_dropped is not None:
+                self._advance("spans_dropped", spans_dropped, self._spans_dropped)
+            self._enabled.set(1 if enabled else 0)
+            if host_overhead_s is not None:
+                self._host_overhead.observe(host_overhead_s)
+
+    def _advance(self, key: str, total: int, counter: Any) -> None:
+        delta = total - self._totals[key]
+        if delta > 0:
+            counter.inc(delta)
+            self._totals[key] = total
+
+
+def _join(values: Sequence[object] | None) -> str:
+    return "" if values is None else ",".join(str(v) for v in values)
+
+
+def _str(value: object) -> str:
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,1 @@
+"""Shared pytest setup. Engine tests (``-m engine``) start real SGLang processes on the CPU."""

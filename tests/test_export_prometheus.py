@@ -279,3 +279,31 @@ def test_close_frees_the_port() -> None:
     e.close()
     with socket.socket() as s:  # a restarted recorder can serve on it again
         s.bind(("0.0.0.0", port))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_batched_histogram_update_equals_one_observe_per_request(fast: bool) -> None:
+    """The exporter adds equal accept lengths in one go; the exposition must be exactly what one
+    prometheus_client observe() per request gives (both the fast path and its fallback)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from hs_tracer.export.prometheus import ACCEPT_LENGTH_BUCKETS
+
+    e = PrometheusExporter(MODEL, Ranks(), serve=False)
+    assert e._accept_length.fast  # this prometheus_client release takes the fast path
+    e._accept_length.fast = fast
+    reference = Histogram("hs_tracer_accept_length", "reference", buckets=ACCEPT_LENGTH_BUCKETS,
+                          registry=CollectorRegistry())
+    for rec in make_steps(60, seed=3, num_draft_tokens=6, p_accept=0.6):
+        e.record_step(rec)
+        for length in rec.accept_lengths:
+            reference.observe(length)
+    labels = {"model": MODEL, **Ranks().labels()}
+    got = {(s.name, s.labels.get("le")): s.value for m in e.registry.collect() for s in m.samples
+           if s.name.startswith("hs_tracer_accept_length") and not s.name.endswith("_created")
+           and {k: v for k, v in s.labels.items() if k != "le"} == labels}
+    want = {(s.name, s.labels.get("le")): s.value for m in reference.collect() for s in m.samples
+            if not s.name.endswith("_created")}
+    assert got == want
+    assert want[("hs_tracer_accept_length_bucket", "1.0")] > 0
+    assert want[("hs_tracer_accept_length_count", None)] > 60

@@ -26,6 +26,8 @@ import logging
 import math
 import os
 import threading
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -208,7 +210,7 @@ class PrometheusExporter:
         self._drafts = m.drafts.labels(**b)
         self._draft_tokens = m.draft_tokens.labels(**b)
         self._accepted = m.accepted_tokens.labels(**b)
-        self._accept_length = m.accept_length.labels(**b)
+        self._accept_length = _WeightedHistogram(m.accept_length.labels(**b))
         self._positions: list[Any] = []
         self._input_width = m.input_width.labels(**b)
         self._last_step_time = m.last_step_time.labels(**b)
@@ -268,27 +270,26 @@ class PrometheusExporter:
 
     def record_step(self, rec: StepRecord) -> None:
         """Count one verify step: accept lengths (bonus token included) and the step digest."""
+        # Equal accept lengths are counted together: a batch has few distinct values (at most
+        # num_draft_tokens), so the cost does not grow with the batch size.
+        by_length = Counter(rec.accept_lengths)
         with self._lock:
             self._verify_steps.inc()
             self._last_step_time.set(rec.time_unix_ns / 1e9)
             if rec.input_width is not None:
                 self._input_width.set(rec.input_width)
-            lengths = rec.accept_lengths
-            n = len(lengths)
+            n = len(rec.accept_lengths)
             if n:
                 self._drafts.inc(n)
                 if rec.num_draft_tokens > 1:
                     self._draft_tokens.inc(n * (rec.num_draft_tokens - 1))
-                per_position: list[int] = []
+                per_position = [0] * max(max(by_length) - 1, 0)
                 accepted = 0
-                for length in lengths:
-                    self._accept_length.observe(length)
-                    drafted_ok = max(length - 1, 0)
-                    accepted += drafted_ok
-                    if drafted_ok > len(per_position):
-                        per_position.extend([0] * (drafted_ok - len(per_position)))
-                    for i in range(drafted_ok):
-                        per_position[i] += 1
+                for length, count in by_length.items():
+                    self._accept_length.add(length, count)
+                    accepted += max(length - 1, 0) * count
+                    for i in range(length - 1):
+                        per_position[i] += count
                 if accepted:
                     self._accepted.inc(accepted)
                 for i, count in enumerate(per_position):
@@ -369,6 +370,33 @@ class PrometheusExporter:
         if delta > 0:
             counter.inc(delta)
             self._totals[key] = total
+
+
+class _WeightedHistogram:
+    """Adds ``count`` equal observations to a histogram child in one step.
+
+    prometheus_client has no weighted ``observe``; one call per request would make a step's cost
+    grow with the batch (~2 µs each). The child keeps per-bucket (non-cumulative) values and a sum,
+    in memory or in the multiprocess files alike; when a release lays them out differently, this
+    falls back to ``observe`` per observation. tests/test_export_prometheus.py checks both paths give
+    the same exposition.
+    """
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        bounds = getattr(child, "_upper_bounds", None)
+        buckets = getattr(child, "_buckets", None)
+        self.fast = (isinstance(bounds, list) and isinstance(buckets, list) and len(bounds) == len(buckets)
+                     and hasattr(getattr(child, "_sum", None), "inc"))
+
+    def add(self, value: float, count: int) -> None:
+        child = self._child
+        if not self.fast:
+            for _ in range(count):
+                child.observe(value)
+            return
+        child._buckets[bisect_left(child._upper_bounds, value)].inc(count)
+        child._sum.inc(value * count)
 
 
 def _join(values: Sequence[object] | None) -> str:

@@ -33,7 +33,8 @@ _PARTIAL_WIDTH = 4  # sum, sumsq, absmax, nonfinite
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile shape and grid size. ``waves``: programs aimed for per multiprocessor; ``block_p``:
-    partials the final program reduces per loop step."""
+    partials the final program reduces per loop step; ``prefetch``: load the next row tile before
+    reducing the current one."""
 
     block_n: int = 16
     block_h: int = 256
@@ -41,6 +42,7 @@ class KernelConfig:
     waves: int = 4
     max_chunks: int = 64
     block_p: int = 256
+    prefetch: bool = True
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -52,7 +54,7 @@ def _fingerprint_kernel(
     n_rows, rows_per_prog, num_chunks, num_col_blocks, hidden, num_slots,
     partial_ptr, ticket_ptr, digest_ptr,
     acc_count_ptr, acc_sum_ptr, acc_sumsq_ptr,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     chunk = pid % num_chunks
@@ -70,11 +72,22 @@ def _fingerprint_kernel(
     acc_q = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
     acc_m = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
     acc_bad = tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32)
-    for r0 in range(row_start, row_end, BLOCK_N):
-        rows = r0 + tl.arange(0, BLOCK_N)
+    row_ids = tl.arange(0, BLOCK_N)
+    if PREFETCH:  # the next tile's load is issued before this tile is reduced: twice the bytes in flight
+        rows = row_start + row_ids
         m = (rows < row_end)[:, None] & col_ok[None, :]
-        ptrs = col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row
-        v = tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+        nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
+    for r0 in range(row_start, row_end, BLOCK_N):
+        if PREFETCH:
+            cur = nxt
+            rows = r0 + BLOCK_N + row_ids
+            m = (rows < row_end)[:, None] & col_ok[None, :]
+            nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
+        else:
+            rows = r0 + row_ids
+            m = (rows < row_end)[:, None] & col_ok[None, :]
+            cur = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
+        v = cur.to(tl.float32)
         ok = tl.abs(v) < float("inf")  # false for +-inf and NaN; masked lanes load 0 (finite)
         vf = tl.where(ok, v, 0.0)
         acc_s += vf
@@ -183,6 +196,6 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
         n, rows_per, chunks, ws.num_col_blocks, ws.hidden, ws.num_slots,
         ws._partials, ws._ticket, out,
         ws.acc.count, ws.acc.sums[0], ws.acc.sums[1],
-        BLOCK_N=ws.config.block_n, BLOCK_H=ws.block_h, BLOCK_P=ws.config.block_p,
+        BLOCK_N=ws.config.block_n, BLOCK_H=ws.block_h, BLOCK_P=ws.config.block_p, PREFETCH=ws.config.prefetch,
         num_warps=ws.config.num_warps,
     )

@@ -29,6 +29,7 @@ import torch
 
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
+from hs_tracer.fingerprint.verify import with_exact_count
 
 if TYPE_CHECKING:
     from hs_tracer.fingerprint.kernel import KernelConfig
@@ -274,9 +275,7 @@ class FingerprintProbe:
             self._win_pending[w] = False
 
     def _digest(self, tokens: int, raw: np.ndarray) -> StepDigest:
-        raw = np.array(raw, dtype=np.float64)
-        raw[:, 0] = tokens * self.hidden - raw[:, 4]  # exact; the kernel's float32 count is not above 2**24
-        return StepDigest.from_raw(tokens, raw)
+        return StepDigest.from_raw(tokens, with_exact_count(raw, tokens, self.hidden))
 
     def _empty_digest(self) -> StepDigest:
         return StepDigest.from_raw(0, np.zeros((self.num_slots, DIGEST_WIDTH)))

@@ -66,12 +66,12 @@ def fingerprint_reference(x: torch.Tensor, num_slots: int, hidden: int,
     col_count = ok.sum(0)
     col_sum = vf.sum(0)
     col_sumsq = (vf * vf).sum(0)
-    count = col_count.sum(1).to(compute_dtype)
-    out[:, 0] = count
+    count = col_count.sum(1)
+    out[:, 0] = count.to(compute_dtype)
     out[:, 1] = col_sum.sum(1)
     out[:, 2] = col_sumsq.sum(1)
     out[:, 3] = vf.abs().amax(dim=(0, 2))
-    out[:, 4] = n * hidden - count
+    out[:, 4] = (n * hidden - count).to(compute_dtype)
     if acc is not None:
         acc.count += col_count.to(acc.count.dtype)
         acc.sums[0] += col_sum.to(acc.sums.dtype)

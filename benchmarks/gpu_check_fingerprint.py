@@ -1,0 +1,269 @@
+"""GPU correctness check of the fingerprint kernel and probe (CI has no GPU; run on one, keep the output).
+
+    PYTHONPATH=. python3 benchmarks/gpu_check_fingerprint.py --out DIR
+
+Checks, each on fresh random inputs (the seed is printed):
+1. kernel and torch reference on CUDA against the float64 numpy ground truth (bf16/fp16/fp32,
+   N 1..4096, K 1..4, H 64..7168, NaN/Inf rows, a row-strided view), digest poisoned first;
+2. determinism: 50 launches on one input give bitwise-equal digests (a race would show);
+3. the probe under ``torch.cuda.set_sync_debug_mode("error")``: observe/drain/end_window/read_window
+   for many steps with no sync and no device allocation, both readback paths, bounded ring;
+4. CUDA graphs: the kernel and ``probe.observe`` captured and replayed on changing inputs.
+Writes gpu_check_fingerprint.json and .log under --out; exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hs_tracer.fingerprint.kernel import DEFAULT_CONFIG, FingerprintWorkspace, fingerprint_fused
+from hs_tracer.fingerprint.probe import FingerprintProbe
+from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
+from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.fingerprint.verify import (
+    RTOL,
+    channel_errors,
+    digest_errors,
+    fingerprint_float64,
+    fresh_seed,
+    random_draft_input,
+    with_exact_count,
+    within_tolerance,
+)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEV = torch.device("cuda")
+LOG: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+    LOG.append(msg)
+
+
+def machine() -> dict:
+    p = torch.cuda.get_device_properties(DEV)
+    import triton
+
+    return {"gpu": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda, "host": platform.node(),
+            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def check_kernel_vs_float64(rng: np.random.Generator) -> dict:
+    sizes = [(1, 3, 7168), (16, 3, 7168), (256, 3, 7168), (1024, 3, 7168), (4096, 3, 7168), (33, 1, 7168),
+             (777, 2, 4096), (4096, 4, 64), (5, 4, 64), (2000, 3, 96)]
+    worst = {"kernel": 0.0, "torch_reference": 0.0}
+    failures = []
+    for dname, dtype in DTYPES.items():
+        for n, k, h in sizes:
+            x_cpu = random_draft_input(rng, n, k, h, dtype)
+            ref_raw, ref_stats, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
+            x = x_cpu.to(DEV)
+            ws = FingerprintWorkspace(k, h, DEV)
+            ws.digest.fill_(float("nan"))
+            fingerprint_fused(x, ws)
+            acc = ChannelAccumulators(torch.zeros((k, h), dtype=torch.int32, device=DEV),
+                                      torch.zeros((2, k, h), dtype=torch.float32, device=DEV))
+            ref_torch = fingerprint_reference(x, k, h, acc)
+            torch.cuda.synchronize()
+            for name, raw, stats in (("kernel", ws.digest, ws.acc.to_stats()),
+                                     ("torch_reference", ref_torch, acc.to_stats())):
+                d = digest_errors(with_exact_count(raw.cpu().numpy(), n, h), ref_raw, abs_sum)
+                c = channel_errors(stats, ref_stats, abs_sum)
+                ok = within_tolerance(d, RTOL["float32"]) and within_tolerance(c, RTOL["float32"])
+                worst[name] = max(worst[name], d["sum"], d["sumsq"], c["sum"], c["sumsq"])
+                if not ok:
+                    failures.append(f"{name} {dname} N={n} K={k} H={h}: digest {d} channels {c}")
+    # A row-strided view (one row per request out of 4 draft tokens) is read in place.
+    full = random_draft_input(rng, 1024, 3, 7168, torch.bfloat16)
+    x = full.to(DEV)[::4]
+    ws = FingerprintWorkspace(3, 7168, DEV)
+    fingerprint_fused(x, ws)
+    ref_raw, ref_stats, abs_sum = fingerprint_float64(full[::4].double().numpy(), 3, 7168)
+    torch.cuda.synchronize()
+    d = digest_errors(with_exact_count(ws.digest.cpu().numpy(), 256, 7168), ref_raw, abs_sum)
+    c = channel_errors(ws.acc.to_stats(), ref_stats, abs_sum)
+    if not (within_tolerance(d, RTOL["float32"]) and within_tolerance(c, RTOL["float32"])):
+        failures.append(f"strided view: digest {d} channels {c}")
+    return {"cases": len(DTYPES) * len(sizes) * 2 + 1, "rtol": RTOL["float32"],
+            "worst_normalised_error": worst, "failures": failures}
+
+
+def check_determinism(rng: np.random.Generator) -> dict:
+    k, h, n, reps = 3, 7168, 2048, 50
+    x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
+    x = x_cpu.to(DEV)
+    ws = FingerprintWorkspace(k, h, DEV)
+    digests = torch.empty((reps, k, 5), device=DEV)
+    for i in range(reps):
+        fingerprint_fused(x, ws, digests[i])
+    torch.cuda.synchronize()
+    same = bool((digests == digests[0]).all().item())
+    _, ref_stats, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
+    want = ChannelStats(ref_stats.count * reps, ref_stats.sum * reps, ref_stats.sumsq * reps)
+    c = channel_errors(ws.acc.to_stats(), want, abs_sum * reps)
+    ok = same and within_tolerance(c, RTOL["float32"])
+    return {"launches": reps, "bitwise_equal_digests": same, "accumulated_channel_errors": c,
+            "failures": [] if ok else [f"same={same} channels {c}"]}
+
+
+def _probe_run(rng: np.random.Generator, digest_to_host: bool | None) -> dict:
+    k, h, steps, ring = 3, 7168, 40, 8
+    probe = FingerprintProbe(k, h, DEV, ring_size=ring, window_steps=16, digest_to_host=digest_to_host)
+    xs_cpu = [random_draft_input(rng, int(rng.integers(1, 200)), k, h, torch.bfloat16) for _ in range(steps)]
+    xs = [x.to(DEV) for x in xs_cpu]
+    empty = torch.zeros((0, k * h), dtype=torch.bfloat16, device=DEV)
+    torch.cuda.synchronize()
+    got, windows = [], []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        # Proof the mode is armed: a real sync raises.
+        try:
+            xs[0].sum().item()
+            armed = False
+        except RuntimeError:
+            armed = True
+        allocs_before = torch.cuda.memory_stats(DEV).get("allocation.all.allocated", 0)
+        for i, x in enumerate(xs):
+            probe.observe(x, i)
+            got += probe.drain()
+            w = probe.read_window()
+            if w is not None:
+                windows.append(w)
+        probe.observe(empty, steps)
+        mismatch = probe.observe(xs[0][:, :h], steps + 1)
+        allocs_after = torch.cuda.memory_stats(DEV).get("allocation.all.allocated", 0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    got += probe.drain()
+    probe.end_window()
+    w = probe.read_window(block=True)
+    if w is not None:
+        windows.append(w)
+    failures = []
+    if not armed:
+        failures.append("sync debug mode did not raise on .item()")
+    if allocs_after != allocs_before:
+        failures.append(f"device allocations during observe: {allocs_after - allocs_before}")
+    ids = [s for s, _ in got]
+    if ids != sorted(ids) or ids[-1] != steps or mismatch or probe.width_mismatches != 1:
+        failures.append(f"ring order/empty/mismatch wrong: ids {ids[-5:]}, mismatch={mismatch}")
+    by_id = dict(got)
+    worst = 0.0
+    for i, x in enumerate(xs_cpu):
+        if i not in by_id:
+            continue
+        ref_raw, _, abs_sum = fingerprint_float64(x.double().numpy(), k, h)
+        d = digest_errors(by_id[i].raw(), ref_raw, abs_sum)
+        worst = max(worst, d["sum"], d["sumsq"])
+        if not within_tolerance(d, RTOL["float32"]):
+            failures.append(f"step {i}: {d}")
+    total = windows[0]
+    for w in windows[1:]:
+        total = total.merge(w)
+    _, ref_stats, abs_sum = fingerprint_float64(torch.cat(xs_cpu).double().numpy(), k, h)
+    c = channel_errors(total, ref_stats, abs_sum)
+    if not within_tolerance(c, RTOL["float32"]):
+        failures.append(f"windows: {c}")
+    # Bounded ring: 12 undrained steps in a ring of 8 drop the 4 oldest.
+    dropped0 = probe.dropped
+    for i in range(12):
+        probe.observe(xs[1], 1000 + i)
+    torch.cuda.synchronize()
+    tail = [s for s, _ in probe.drain()]
+    if tail != list(range(1004, 1012)) or probe.dropped - dropped0 != 4:
+        failures.append(f"ring overflow: drained {tail}, dropped {probe.dropped - dropped0}")
+    return {"digest_to_host": probe._direct, "steps": steps, "drained": len(got), "dropped": probe.dropped,
+            "windows": len(windows), "window_skips": probe.window_skips, "sync_debug_armed": armed,
+            "device_allocations_during_observe": allocs_after - allocs_before,
+            "worst_normalised_digest_error": worst, "window_errors": c, "failures": failures}
+
+
+def check_probe_no_sync(rng: np.random.Generator) -> dict:
+    return {"auto": _probe_run(rng, None), "memcpy": _probe_run(rng, False)}
+
+
+def check_graph_capture(rng: np.random.Generator) -> dict:
+    k, h, n, replays = 3, 7168, 256, 5
+    probe = FingerprintProbe(k, h, DEV)
+    ws = FingerprintWorkspace(k, h, DEV)
+    pinned = torch.zeros((k, 5), dtype=torch.float32, pin_memory=True)
+    static = torch.zeros((n, k * h), dtype=torch.bfloat16, device=DEV)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture, as torch recommends
+        fingerprint_fused(static, ws, pinned)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    ws.acc.reset()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        produced = static * 2  # graph-private output, like the target's aux hidden states
+        probe.observe(produced, 0)  # under capture: kernel only
+        fingerprint_fused(static, ws, pinned)  # kernel writing the pinned digest directly
+    torch.cuda.synchronize()
+    probe._acc.reset()
+    failures = []
+    xs = []
+    for r in range(replays):
+        x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
+        xs.append(x_cpu)
+        static.copy_(x_cpu.to(DEV))
+        pinned.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref_raw, _, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
+        ref2, _, abs2 = fingerprint_float64((x_cpu.double() * 2).numpy(), k, h)
+        for name, raw, rr, aa in (("pinned", pinned.double().numpy(), ref_raw, abs_sum),
+                                  ("probe", probe._ws.digest.double().cpu().numpy(), ref2, abs2)):
+            d = digest_errors(raw, rr, aa)
+            if not within_tolerance(d, RTOL["float32"]):
+                failures.append(f"replay {r} {name}: {d}")
+    _, ref_stats, abs_sum = fingerprint_float64(torch.cat(xs).double().numpy(), k, h)
+    c = channel_errors(ws.acc.to_stats(), ref_stats, abs_sum)
+    if not within_tolerance(c, RTOL["float32"]):
+        failures.append(f"accumulated over replays: {c}")
+    return {"replays": replays, "channel_errors": c, "failures": failures}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    result = {"machine": machine(), "seed": seed, "config": DEFAULT_CONFIG.__dict__, "checks": {}}
+    log(f"machine {result['machine']} seed {seed}")
+    ok = True
+    for name, fn in (("kernel_vs_float64", check_kernel_vs_float64), ("determinism", check_determinism),
+                     ("probe_no_sync", check_probe_no_sync), ("graph_capture", check_graph_capture)):
+        try:
+            res = fn(rng)
+        except Exception:
+            res = {"failures": [traceback.format_exc()]}
+        fails = res.get("failures", []) + [f for v in res.values() if isinstance(v, dict)
+                                           for f in v.get("failures", [])]
+        ok &= not fails
+        result["checks"][name] = res
+        log(f"{'PASS' if not fails else 'FAIL'} {name}: {json.dumps(res, default=str)[:1500]}")
+    result["pass"] = ok
+    (args.out / "gpu_check_fingerprint.json").write_text(json.dumps(result, indent=2, default=str))
+    (args.out / "gpu_check_fingerprint.log").write_text("\n".join(LOG) + "\n")
+    log("ALL PASS" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

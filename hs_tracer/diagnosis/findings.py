@@ -37,6 +37,7 @@ class Code(str, enum.Enum):
     NON_FINITE_FEATURES = "non_finite_features"
     DRAFT_FORMAT = "draft_format"  # draft format / architecture / config flag the engine cannot serve
     DRAFT_SHAPE_MISMATCH = "draft_shape_mismatch"  # a draft weight whose shape the engine will reject
+    INSUFFICIENT_DATA = "insufficient_data"  # info: too few tokens (or no profile) to decide yet
 
 
 @dataclass(frozen=True)

@@ -148,8 +148,9 @@ def main() -> None:
         receiver.kill()
         receiver.wait()
 
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, {platform.platform()}")
+          f"Python {platform.python_version()}, {platform.platform()}, load average {load}")
     print(f"steps/round {args.steps}, rounds {args.rounds}, batch {BATCH}, K=3, "
           f"draft tokens {NUM_DRAFT_TOKENS}")
     print(f"{'variant':64s} {'CPU µs/step median [min..max]':>32s} {'wall µs/step':>12s}")

@@ -7,7 +7,7 @@ Why this shape:
   OTLP/HTTP from its own thread. Only 1 step in ``round(1/sample)`` gets a span (plus every step
   with non-finite features), so the cost stays far below 1% of a step
   (benchmarks/results/export_overhead.md). Spans carry metadata and scalars only: slot sources,
-  widths, digests, accept lengths; never tensors or prompt text.
+  widths, digests, the accept-length distribution; never tensors, prompt text or request ids.
 * When SGLang's tracing is on (``--enable-trace``), SGLang has installed the global tracer provider:
   hs_tracer then uses it, so its spans share SGLang's service, endpoint and exporter. Otherwise
   hs_tracer builds a private provider (never the global one: SGLang installs that, and only one
@@ -59,9 +59,6 @@ EVENT_LEVEL = 2
 
 MAX_LINKS = 32
 """Request traces linked from one step span (OTel's default link limit is 128)."""
-
-MAX_LIST = 256
-"""Longest per-request list attribute on a step span (accept lengths, request ids)."""
 
 
 def request_span_context(trace_ctx: Any) -> SpanContext | None:
@@ -307,11 +304,14 @@ class OtelExporter:
             **self._slots,
         }
         if lengths:
-            attrs["hs_tracer.accept_lengths"] = list(lengths[:MAX_LIST])
+            # A histogram, not the per-request list: its size is bounded by the draft length, not the
+            # batch (the SDK validates every list element; 256 requests would cost milliseconds).
+            histogram = [0] * max(rec.num_draft_tokens, max(lengths))
+            for length in lengths:
+                histogram[max(length, 1) - 1] += 1
+            attrs["hs_tracer.accept_length.histogram"] = histogram
             attrs["hs_tracer.accept_length.mean"] = sum(lengths) / len(lengths)
             attrs["hs_tracer.accepted_tokens"] = sum(max(a - 1, 0) for a in lengths)
-        if rec.request_ids:
-            attrs["hs_tracer.request_ids"] = [str(r) for r in rec.request_ids[:MAX_LIST]]
         if rec.input_width is not None:
             attrs["hs_tracer.input_width"] = rec.input_width
         if rec.digest is not None:

@@ -1,0 +1,99 @@
+"""``hs-tracer check``: what can be seen wrong with a draft before it is served (docs/preflight.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="preflight: check an EAGLE-3 draft against its target and SGLang serving args",
+        description="Static checks of a draft checkpoint, the target config and the serving args, as "
+                    "SGLang 0.5.23 will load and wire them. Exit 0 healthy, 1 critical findings, 2 input "
+                    "errors.",
+    )
+    p.add_argument("--draft", type=Path, required=True, help="draft directory (config.json + weights)")
+    p.add_argument("--target", type=Path, required=True, help="target model directory or its config.json")
+    p.add_argument("--profile", type=Path, help="reference profile of the draft's training data "
+                   "(compares the engine's sources with the training provenance)")
+    p.add_argument("--engine", default="sglang==0.5.23", help="serving engine (only sglang==0.5.23)")
+    p.add_argument("--server-args", default=None, metavar="ARGS",
+                   help="the server's command line or its speculative flags, e.g. "
+                        "\"--speculative-algorithm EAGLE3 --speculative-num-steps 3 ...\"")
+    p.add_argument("--sglang-resolve", action="store_true",
+                   help="resolve the speculative args with the installed SGLang's own pipeline (CPU, "
+                        "~30 s) instead of hs_tracer's mirror of it")
+    p.add_argument("--json", action="store_true", help="print the DESIGN §5.4 JSON (plus a 'preflight' key)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hs_tracer.cli import UsageError
+    from hs_tracer.preflight import runner
+    from hs_tracer.preflight.checkpoint import CheckpointError
+    from hs_tracer.preflight.config import ConfigError
+    from hs_tracer.preflight.safetensors_header import SafetensorsError
+    from hs_tracer.preflight.spec_args import ServerArgsError, parse_server_args
+    from hs_tracer.profile.model import ProfileError
+
+    if args.engine.replace(" ", "") not in runner.SUPPORTED_ENGINES:
+        raise UsageError(f"--engine {args.engine} is not supported; this release checks against "
+                         f"{', '.join(runner.SUPPORTED_ENGINES)}")
+    if not args.draft.is_dir():
+        raise UsageError(f"--draft {args.draft}: not a directory; pass the draft's checkpoint directory")
+    try:
+        requested = parse_server_args(args.server_args) if args.server_args is not None else None
+        spec = None
+        if args.sglang_resolve:
+            spec = _sglang_resolution(requested, args.target, args.draft)
+        result = runner.run_check(args.draft, args.target, profile=args.profile, server_args=requested,
+                                  spec=spec)
+    except (ConfigError, CheckpointError, SafetensorsError, ServerArgsError, ProfileError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        out = result.report.to_json()
+        out["preflight"] = result.summary
+        print(json.dumps(out, indent=2))
+    else:
+        print(human(result))
+    return result.report.exit_code
+
+
+def human(result) -> str:
+    """The summary (what SGLang will do) then one line per finding with its fix."""
+    s = result.summary
+    d, t, e = s["draft"], s["target"], s["engine"]
+    spec = e["spec_args"]
+    lines = [
+        f"draft:  {d['path']} ({d['format']}, {d['architecture'] or 'no architecture'}), fc in "
+        f"{d['fc_in_features']}, layer ids {d['layer_ids']} [{d['layer_ids_location']}]",
+        f"target: {t['architecture']} ({t['family']} rule), {t['num_layers']} layers, "
+        f"hidden {t['hidden_size']}",
+        f"engine: {e['name']} captures layers_to_capture {e['layers_to_capture']} -> sources {e['sources']}; "
+        f"{spec['speculative_algorithm']} steps={spec['speculative_num_steps']} "
+        f"topk={spec['speculative_eagle_topk']} draft_tokens={spec['speculative_num_draft_tokens']} "
+        f"({e['spec_args_method']})",
+    ]
+    if s.get("trained_sources") is not None:
+        lines.append(f"trained on: {s['trained_sources']}")
+    lines.append(result.report.human())
+    return "\n".join(lines)
+
+
+def _sglang_resolution(requested, target: Path, draft: Path):
+    from hs_tracer.cli import UsageError
+    from hs_tracer.preflight.spec_args import resolve_with_sglang
+
+    target_dir = target if target.is_dir() else target.parent
+    if not (target_dir / "config.json").is_file():
+        raise UsageError("--sglang-resolve needs the target directory (with config.json), not a lone file")
+    req = dict(requested or {})
+    req.setdefault("speculative_algorithm", "EAGLE3")
+    try:
+        return resolve_with_sglang(req, target_dir, draft)
+    except ImportError as exc:
+        raise UsageError(f"--sglang-resolve needs SGLang installed ({exc}); drop the flag to use the "
+                         "built-in mirror") from exc

@@ -51,6 +51,11 @@ _OPS: dict[str, tuple[str, object]] = {
         "Tensor(a!) out_cache_loc, int pool_len) -> ()",
         speculative.assign_extend_cache_locs,
     ),
+    "assign_req_to_token_pool_cpu": (
+        "(Tensor req_pool_indices, Tensor(a!) req_to_token, Tensor start_offset, Tensor end_offset, "
+        "Tensor out_cache_loc, int pool_len) -> ()",
+        speculative.assign_req_to_token_pool,
+    ),
     "fill_accept_out_cache_loc_cpu": (
         "(Tensor accept_index, Tensor out_cache_loc, Tensor(a!) accept_out_cache_loc) -> ()",
         speculative.fill_accept_out_cache_loc,

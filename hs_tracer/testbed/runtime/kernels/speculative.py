@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "assign_draft_cache_locs_contiguous",
     "assign_extend_cache_locs",
+    "assign_req_to_token_pool",
     "build_draft_decode_metadata",
     "build_tree_kernel_efficient",
     "fill_accept_out_cache_loc",
@@ -247,4 +248,29 @@ def assign_extend_cache_locs(
                 f"offsets need more than {pos + n}"
             )
         out_cache_loc[pos : pos + n] = req_to_token[pool_idx, start:end]
+        pos += n
+
+
+def assign_req_to_token_pool(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    pool_len: int,
+) -> None:
+    """Inverse of :func:`assign_extend_cache_locs`: scatter consecutive chunks of out_cache_loc
+    (freshly allocated KV slots) into req_to_token[req_b, start_b:end_b]."""
+    del pool_len
+    pos = 0
+    for pool_idx, start, end in zip(
+        req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True
+    ):
+        n = end - start
+        if pos + n > out_cache_loc.numel():
+            raise IndexError(
+                f"assign_req_to_token_pool: out_cache_loc has {out_cache_loc.numel()} entries, "
+                f"offsets need more than {pos + n}"
+            )
+        req_to_token[pool_idx, start:end] = out_cache_loc[pos : pos + n].to(req_to_token.dtype)
         pos += n

@@ -12,12 +12,15 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import replace as dc_replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH, StepDigest
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
 from tests.infra.mp_writer import write_steps
 from tests.infra.prom import PrometheusServer
@@ -307,3 +310,24 @@ def test_batched_histogram_update_equals_one_observe_per_request(fast: bool) -> 
     assert got == want
     assert want[("hs_tracer_accept_length_bucket", "1.0")] > 0
     assert want[("hs_tracer_accept_length_count", None)] > 60
+
+
+def test_nonfinite_width_and_rewiring_in_registry() -> None:
+    e = PrometheusExporter(MODEL, Ranks(dp=1), serve=False)
+    labels = {"model": MODEL, **Ranks(dp=1).labels()}
+    raw = np.zeros((3, DIGEST_WIDTH))
+    raw[:, 0], raw[:, 4] = 10, (0, 0, 4)
+    rec = dc_replace(make_steps(1, seed=2)[0], digest=StepDigest.from_raw(4, raw), input_width=32)
+    e.record_step(rec)
+    e.record_step(rec)
+    assert e.registry.get_sample_value("hs_tracer_slot_nonfinite_values_total", {**labels, "slot": "2"}) == 8
+    assert e.registry.get_sample_value("hs_tracer_slot_nonfinite_values_total", {**labels, "slot": "0"}) == 0
+    assert e.registry.get_sample_value("hs_tracer_draft_input_width", labels) == 32  # H, not K*H
+
+    first = wiring()
+    second = dc_replace(first, layers_to_capture=[1, 4, 6], sources=["block:0", "block:3", "block:5"])
+    e.record_wiring(first)
+    e.record_wiring(second)
+    info = {s.labels["sources"]: s.value for m in e.registry.collect() if m.name == "hs_tracer_wiring_info"
+            for s in m.samples}
+    assert info == {"block:1,block:3,block:5": 0.0, "block:0,block:3,block:5": 1.0}

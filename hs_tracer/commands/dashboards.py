@@ -1,0 +1,87 @@
+"""``hs-tracer dashboards build|push``: the Grafana dashboard and the Prometheus rules, as code.
+
+``build`` renders the generated files (dashboard JSON, rule file, Kubernetes PrometheusRule and
+dashboard ConfigMap) into a repository checkout and lints the dashboard; ``--check`` only compares.
+``push`` uploads the dashboard to a Grafana through its HTTP API with a token from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+TOKEN_ENV = "GRAFANA_TOKEN"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "dashboards",
+        help="build the Grafana dashboard and Prometheus alert rules, or push the dashboard to Grafana",
+        description="Dashboards and alert rules as code (docs/deploy.md).",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    b = actions.add_parser("build", help="write the generated dashboard, rule and Kubernetes files",
+                           description="Render grafana/dashboards/*.json, deploy/prometheus/rules/*.yml "
+                                       "and the Kubernetes PrometheusRule and dashboard ConfigMap under "
+                                       "ROOT, after linting the dashboard. Exit 1 if --check finds "
+                                       "stale files or the lint finds problems.")
+    b.add_argument("--root", type=Path, default=Path("."),
+                   help="repository checkout to write into (default: the current directory)")
+    b.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if a committed file differs from a fresh rendering")
+    b.set_defaults(func=run_build)
+
+    u = actions.add_parser("push", help="upload the dashboard to Grafana through its HTTP API",
+                           description=f"Create or overwrite the hs_tracer dashboard in a Grafana folder. "
+                                       f"The token comes from ${TOKEN_ENV} (a service-account token with "
+                                       f"the Editor role).")
+    u.add_argument("--url", required=True, help="Grafana base URL, e.g. http://localhost:3000")
+    u.add_argument("--folder", default="hs_tracer", help="folder title (created if missing)")
+    u.add_argument("--token-env", default=TOKEN_ENV, metavar="VAR",
+                   help=f"environment variable holding the token (default {TOKEN_ENV})")
+    u.set_defaults(func=run_push)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    import json
+
+    import hs_tracer.dashboards as dashboards
+    from hs_tracer.dashboards import lint, overview
+
+    problems = lint.lint(json.loads(overview.render()), lint.OVERVIEW_EXCLUSIONS)
+    for problem in problems:
+        print(f"lint: {problem}", file=sys.stderr)
+    if args.check:
+        stale = dashboards.stale(args.root)
+        for rel in stale:
+            print(f"stale: {rel} (run `hs-tracer dashboards build`)", file=sys.stderr)
+        return 1 if stale or problems else 0
+    for path in dashboards.write(args.root):
+        print(path)
+    return 1 if problems else 0
+
+
+def run_push(args: argparse.Namespace) -> int:
+    from hs_tracer.cli import UsageError
+    from hs_tracer.dashboards import overview
+    from hs_tracer.dashboards.push import PushError, push
+
+    token = os.environ.get(args.token_env, "").strip()
+    if not token:
+        raise UsageError(f"no Grafana token: ${args.token_env} is unset or empty; create a service-account "
+                         f"token (Grafana > Administration > Service accounts, role Editor) and run "
+                         f"`export {args.token_env}=<token>`")
+    if not args.url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {args.url}: give Grafana's base URL with its scheme, e.g. "
+                         "http://localhost:3000")
+    try:
+        pushed = push(args.url, token, {overview.FILENAME: overview.render()}, folder=args.folder)
+    except PushError as exc:
+        print(f"hs-tracer dashboards push: error: {exc}", file=sys.stderr)
+        return 1
+    for d in pushed:
+        print(f"pushed {d.uid} (version {d.version}): {d.url}")
+    return 0

@@ -1,0 +1,51 @@
+"""Grafana dashboards, Prometheus alert rules and the Kubernetes objects that carry them, as code.
+
+:func:`generated_files` renders every generated file of the repository (the dashboard JSON, the
+Prometheus rule file, the PrometheusRule and the dashboard ConfigMap); ``hs-tracer dashboards build``
+writes them and tests/test_dashboards.py checks that the committed copies are byte-for-byte what the
+code renders. Hand-written deployment files (compose, Prometheus/Collector/Tempo configs, promtool
+tests) live next to them under deploy/ and grafana/provisioning/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DASHBOARD_DIR = "grafana/dashboards"
+RULES_FILE = "deploy/prometheus/rules/hs-tracer.rules.yml"
+PROMETHEUS_RULE = "deploy/kubernetes/prometheusrule.yaml"
+DASHBOARD_CONFIGMAP = "deploy/kubernetes/grafana-dashboard-configmap.yaml"
+
+
+def generated_files() -> dict[str, str]:
+    """Repository-relative path -> exact file content of every generated file."""
+    from hs_tracer.dashboards import manifests, overview
+
+    dashboard = overview.render()
+    return {
+        f"{DASHBOARD_DIR}/{overview.FILENAME}": dashboard,
+        RULES_FILE: manifests.rules_file(),
+        PROMETHEUS_RULE: manifests.prometheus_rule(),
+        DASHBOARD_CONFIGMAP: manifests.dashboard_configmap({overview.FILENAME: dashboard}),
+    }
+
+
+def write(root: Path) -> list[Path]:
+    """Write every generated file under ``root`` (a repository checkout); returns the paths written."""
+    written = []
+    for rel, content in generated_files().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def stale(root: Path) -> list[str]:
+    """Generated files under ``root`` that are missing or differ from what the code renders."""
+    out = []
+    for rel, content in generated_files().items():
+        path = root / rel
+        if not path.is_file() or path.read_bytes() != content.encode("utf-8"):
+            out.append(rel)
+    return out

@@ -1,0 +1,151 @@
+"""``hs-tracer check`` end to end: the testbed draft (clean) and variants of it, human and JSON output,
+exit codes, and ``--profile`` with a profile built from the testbed's SpecForge training data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_check_drafts import specforge_draft, target_config
+
+from hs_tracer.cli import main
+from hs_tracer.testbed import build as tb
+
+
+@pytest.fixture(scope="module")
+def testbed() -> tb.TestbedPaths:
+    # the small recipe builds in seconds and is cached (shared with other tests using it)
+    return tb.ensure_testbed(recipe=tb.Recipe.small(), progress=False)
+
+
+@pytest.fixture(scope="module")
+def profile(testbed: tb.TestbedPaths, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A reference profile of the testbed draft's training data, built by hs_tracer's profile builder."""
+    from hs_tracer.profile.build import build_profile, ids_from_draft, open_dump, read_target
+
+    dump = open_dump(
+        testbed.specforge_data, ids=ids_from_draft(testbed.draft), target=read_target(testbed.target)
+    )
+    return build_profile([dump], progress=False).save(tmp_path_factory.mktemp("profile") / "ref.profile")
+
+
+def _variant(testbed: tb.TestbedPaths, dst: Path, **config: object) -> Path:
+    """The testbed draft with its config.json changed (weights shared)."""
+    shutil.copytree(testbed.draft, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(config)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["check", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_testbed_draft_passes_clean(
+    testbed: tb.TestbedPaths, profile: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run_cli(
+        capsys, "--draft", testbed.draft, "--target", testbed.target, "--profile", profile, "--json"
+    )
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["status"] == "ok"
+    assert [f for f in report["findings"] if f["severity"] != "info"] == []
+    assert set(report) >= {"status", "slots", "acceptance", "findings", "preflight"}
+    assert [(s["expected_source"], s["observed_source"]) for s in report["slots"]] == [
+        ("block:1", "block:1"),
+        ("block:3", "block:3"),
+        ("block:4", "block:4"),
+    ]
+    assert report["preflight"]["target"]["family"] == "deepseek"
+
+
+def test_human_output_one_line_per_finding(
+    testbed: tb.TestbedPaths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run_cli(
+        capsys,
+        "--draft",
+        testbed.draft,
+        "--target",
+        testbed.target / "config.json",
+        "--server-args",
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+    )
+    assert code == 1
+    lines = [x for x in out.splitlines() if x.strip().startswith("[")]
+    assert len(lines) == 1 and "[critical] draft_input_width_mismatch" in lines[0] and "fix:" in lines[0]
+    assert "status: miswired" in out
+
+
+def test_variant_ids_shift_against_profile(
+    testbed: tb.TestbedPaths, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The testbed target is DeepSeek-V3: [0,3,4] are taken as-is -> embedding, block 2, block 3."""
+    variant = _variant(
+        testbed,
+        tmp_path / "shifted",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 3, 4], "use_aux_hidden_state": True},
+    )
+    code, out = run_cli(
+        capsys, "--draft", variant, "--target", testbed.target, "--profile", profile, "--json"
+    )
+    assert code == 1
+    report = json.loads(out)
+    assert report["status"] == "miswired"
+    mism = [
+        (f["slot"], f["expected"], f["observed"])
+        for f in report["findings"]
+        if f["code"] == "layer_id_convention" and "slot" in f and f["severity"] == "critical"
+    ]
+    assert mism == [(0, "block:1", "embedding"), (1, "block:3", "block:2"), (2, "block:4", "block:3")]
+    assert any("[1, 3, 4]" in f["fix"] for f in report["findings"] if f["code"] == "layer_id_convention")
+
+
+def test_variant_top_level_ids(
+    testbed: tb.TestbedPaths, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ids moved to the top level (speculators style): ignored; SGLang's default happens to match here."""
+    variant = _variant(
+        testbed, tmp_path / "top", eagle_config=None, eagle_aux_hidden_state_layer_ids=[1, 3, 4]
+    )
+    code, out = run_cli(
+        capsys, "--draft", variant, "--target", testbed.target, "--profile", profile, "--json"
+    )
+    report = json.loads(out)
+    ignored = [f for f in report["findings"] if f["code"] == "layer_ids_ignored"]
+    assert ignored and ignored[0]["severity"] == "critical"  # [1,3,4] as C_in != the default capture
+    assert report["preflight"]["engine"]["sources"] == ["block:1", "block:3", "block:4"]
+    assert code == 1
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = target_config(tmp_path / "t")
+    (tmp_path / "empty").mkdir()
+    code, out = run_cli(capsys, "--draft", tmp_path / "empty", "--target", target)
+    assert code == 2 and "config.json" in out
+    draft = specforge_draft(tmp_path / "d", layer_ids=[1, 3, 4])
+    code, out = run_cli(capsys, "--draft", draft, "--target", target, "--engine", "vllm==0.11")
+    assert code == 2 and "not supported" in out
+    code, out = run_cli(capsys, "--draft", draft, "--target", target, "--profile", tmp_path / "nope.profile")
+    assert code == 2 and "profile" in out
+    code, out = run_cli(
+        capsys, "--draft", draft, "--target", target, "--server-args", "--speculative-num-steps x"
+    )
+    assert code == 2
+
+
+def test_profile_from_another_target(
+    testbed: tb.TestbedPaths, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = target_config(tmp_path / "other", arch="DeepseekV3ForCausalLM", layers=12, hidden=32, vocab=336)
+    code, out = run_cli(capsys, "--draft", testbed.draft, "--target", other, "--profile", profile, "--json")
+    report = json.loads(out)
+    warned = [f for f in report["findings"] if "12 layers" in f["message"]]
+    assert warned and warned[0]["severity"] == "warning" and code == 0

@@ -4,7 +4,9 @@ Method: realistic step records (batch 32, K=3 slots, 4 draft tokens) are fed to 
 way the recorder thread does. Every variant runs side by side in the same process, interleaved
 round by round, and is charged the whole process's CPU time (``time.process_time``: the calling
 thread *and* the BatchSpanProcessor thread that serialises and POSTs the spans), with a flush at the
-end of each round so export work is not left outside the measurement. The OTLP receiver runs in a
+end of each round so export work is not left outside the measurement. Metrics are flushed every
+FLUSH_EVERY steps and spans exported every EXPORT_EVERY steps, the production cadence at 50 verify
+steps/s. The OTLP receiver runs in a
 separate process so its decoding is not charged. The multiprocess-mode (mmap) Prometheus variant
 needs ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported, so it runs in a child
 process of the same invocation.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -37,6 +40,12 @@ from tests.infra.steps import make_steps  # noqa: E402
 
 BATCH = 32
 NUM_DRAFT_TOKENS = 4
+FLUSH_EVERY = 25
+"""Steps per metrics flush: the default 0.5 s flush interval at 50 verify steps/s per scheduler
+(faster steps put more steps in a flush and make the per-step cost smaller)."""
+EXPORT_EVERY = 250
+"""Steps per OTLP export request: the SDK's 5 s batch delay at 50 verify steps/s, so at the
+default sampling a request carries 2-3 spans, as in production."""
 
 
 def records(n: int) -> list[StepRecord]:
@@ -72,6 +81,19 @@ def measure(fn: Step, recs: list[StepRecord], flush: Flush) -> tuple[float, floa
     return ((time.process_time() - cpu0) / len(recs) * 1e6, (time.perf_counter() - wall0) / len(recs) * 1e6)
 
 
+def flushing(record: Step, flush: Flush, every: int) -> Step:
+    """``record`` plus a ``flush`` every ``every`` steps, as the time-based flushes would do."""
+    counter = [0]
+
+    def step(r: StepRecord) -> None:
+        record(r)
+        counter[0] += 1
+        if counter[0] % every == 0:
+            flush()
+
+    return step
+
+
 def start_receiver() -> tuple[subprocess.Popen[str], str]:
     code = ("import sys, time\nfrom tests.infra.otlp import OtlpReceiver\nr = OtlpReceiver().start()\n"
             "print(r.endpoint, flush=True)\nsys.stdin.read()\n")
@@ -83,11 +105,12 @@ def start_receiver() -> tuple[subprocess.Popen[str], str]:
 
 def main_multiprocess_child(steps: int, rounds: int) -> None:
     """Runs with PROMETHEUS_MULTIPROC_DIR set: the mmap value path SGLang --enable-metrics uses."""
-    exporter = PrometheusExporter("bench", Ranks())
+    exporter = PrometheusExporter("bench", Ranks(), flush_interval_s=math.inf)
     assert exporter.multiprocess
     exporter.record_wiring(WIRING)
     recs = fixed_batch(records(steps))
-    cpu = [measure(exporter.record_step, recs, lambda: None)[0] for _ in range(rounds)]
+    step = flushing(exporter.record_step, exporter.flush, FLUSH_EVERY)
+    cpu = [measure(step, recs, exporter.flush)[0] for _ in range(rounds)]
     print(json.dumps({"prometheus_multiprocess": cpu}))
 
 
@@ -105,27 +128,33 @@ def main() -> None:
     os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = endpoint
     try:
         recs = fixed_batch(records(args.steps))
-        prom = PrometheusExporter("bench", Ranks(), serve=False)
-        prom.record_wiring(WIRING)
-        prom.record_slots(VERDICTS)
+        prom = PrometheusExporter("bench", Ranks(), serve=False, flush_interval_s=math.inf)
+        prom_every = PrometheusExporter("bench-every", Ranks(), serve=False, flush_interval_s=0)
+        for p in (prom, prom_every):
+            p.record_wiring(WIRING)
+            p.record_slots(VERDICTS)
+        prom_step = flushing(prom.record_step, prom.flush, FLUSH_EVERY)
         otel_default = OtelExporter("bench", Ranks(), sample=DEFAULT_SPAN_SAMPLE)
         otel_all = OtelExporter("bench", Ranks(), sample=1.0)
         for exp in (otel_default, otel_all):
             exp.record_wiring(WIRING)
             exp.record_slots(VERDICTS)
 
+        otel_step = flushing(otel_default.record_step, otel_default.force_flush, EXPORT_EVERY)
+
         def both(r: StepRecord) -> None:
-            prom.record_step(r)
-            otel_default.record_step(r)
+            prom_step(r)
+            otel_step(r)
 
         default = f"prometheus + otel sample={DEFAULT_SPAN_SAMPLE} (recorder default)"
         variants: dict[str, tuple[Step, Flush]] = {
             "loop only (baseline)": (lambda r: None, lambda: None),
-            "prometheus record_step": (prom.record_step, lambda: None),
-            f"otel record_step, sample={DEFAULT_SPAN_SAMPLE} (default)": (otel_default.record_step,
-                                                                         otel_default.force_flush),
+            f"prometheus record_step, flush every {FLUSH_EVERY} steps (default)": (prom_step, prom.flush),
+            "prometheus record_step, flush every step": (prom_every.record_step, lambda: None),
+            f"otel record_step, sample={DEFAULT_SPAN_SAMPLE} (default)":
+                (otel_step, otel_default.force_flush),
             "otel record_step, sample=1.0 (every step)": (otel_all.record_step, otel_all.force_flush),
-            default: (both, otel_default.force_flush),
+            default: (both, lambda: (prom.flush(), otel_default.force_flush())),
         }
         for fn, flush in variants.values():  # warm-up: first span, HTTP connection, lazy imports
             measure(fn, recs[:200], flush)
@@ -158,8 +187,8 @@ def main() -> None:
         c = cpu[name]
         print(f"{name:64s} {statistics.median(c):10.2f} [{min(c):.2f}..{max(c):.2f}] "
               f"{statistics.median(wall[name]):12.2f}")
-    print(f"{'prometheus record_step, multiprocess mode (child process)':64s} {statistics.median(mp):10.2f} "
-          f"[{min(mp):.2f}..{max(mp):.2f}]")
+    mp_name = f"prometheus record_step, flush every {FLUSH_EVERY}, multiprocess mode (child)"
+    print(f"{mp_name:64s} {statistics.median(mp):10.2f} [{min(mp):.2f}..{max(mp):.2f}]")
     span_cost = statistics.median(cpu["otel record_step, sample=1.0 (every step)"]) - \
         statistics.median(cpu["loop only (baseline)"])
     total = statistics.median(cpu[default])

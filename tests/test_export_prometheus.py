@@ -75,6 +75,7 @@ def test_promql_matches_records_per_rank_and_slots(prometheus_factory: Factory) 
         for tp, e in exporters.items():
             for rec in records[tp]:
                 e.record_step(rec)
+            e.flush()  # what the recorder does when its queue runs empty
         # rank 0: slot 0 first identified as block:0, then as block:2 (the older series must go NaN)
         e0 = exporters[0]
         e0.record_slots([SlotVerdict(0, "block:1", "block:0", 0.81, 0.05),
@@ -226,6 +227,7 @@ def test_port_in_use_logs_and_keeps_recording(caplog: pytest.LogCaptureFixture) 
         assert [r.message for r in caplog.records if "cannot serve metrics" in r.message]
         rec = make_steps(1, seed=1)[0]
         e.record_step(rec)
+        e.flush()
         drafts = e.registry.get_sample_value("hs_tracer_drafts_total", {"model": MODEL, **Ranks().labels()})
         assert drafts == len(rec.accept_lengths)
 
@@ -301,6 +303,7 @@ def test_batched_histogram_update_equals_one_observe_per_request(fast: bool) -> 
         e.record_step(rec)
         for length in rec.accept_lengths:
             reference.observe(length)
+    e.flush()
     labels = {"model": MODEL, **Ranks().labels()}
     got = {(s.name, s.labels.get("le")): s.value for m in e.registry.collect() for s in m.samples
            if s.name.startswith("hs_tracer_accept_length") and not s.name.endswith("_created")
@@ -320,6 +323,7 @@ def test_nonfinite_width_and_rewiring_in_registry() -> None:
     rec = dc_replace(make_steps(1, seed=2)[0], digest=StepDigest.from_raw(4, raw), input_width=32)
     e.record_step(rec)
     e.record_step(rec)
+    e.flush()
     assert e.registry.get_sample_value("hs_tracer_slot_nonfinite_values_total", {**labels, "slot": "2"}) == 8
     assert e.registry.get_sample_value("hs_tracer_slot_nonfinite_values_total", {**labels, "slot": "0"}) == 0
     assert e.registry.get_sample_value("hs_tracer_draft_input_width", labels) == 32  # H, not K*H
@@ -331,3 +335,21 @@ def test_nonfinite_width_and_rewiring_in_registry() -> None:
     info = {s.labels["sources"]: s.value for m in e.registry.collect() if m.name == "hs_tracer_wiring_info"
             for s in m.samples}
     assert info == {"block:1,block:3,block:5": 0.0, "block:0,block:3,block:5": 1.0}
+
+
+def test_steps_reach_the_metrics_at_flush() -> None:
+    labels = {"model": MODEL, **Ranks().labels()}
+    lazy = PrometheusExporter(MODEL, Ranks(), serve=False, flush_interval_s=3600)
+    eager = PrometheusExporter(MODEL, Ranks(), serve=False, flush_interval_s=0)
+    records = make_steps(5, seed=8)
+    for rec in records:
+        lazy.record_step(rec)
+        eager.record_step(rec)
+    assert lazy.registry.get_sample_value("hs_tracer_verify_steps_total", labels) == 0
+    assert eager.registry.get_sample_value("hs_tracer_verify_steps_total", labels) == 5
+    lazy.flush()
+    for name in ("hs_tracer_verify_steps_total", "hs_tracer_drafts_total", "hs_tracer_accepted_tokens_total",
+                 "hs_tracer_accept_length_sum", "hs_tracer_last_step_timestamp_seconds"):
+        assert lazy.registry.get_sample_value(name, labels) == eager.registry.get_sample_value(name, labels)
+    assert lazy.registry.get_sample_value("hs_tracer_last_step_timestamp_seconds", labels) == \
+        records[-1].time_unix_ns / 1e9

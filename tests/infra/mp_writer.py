@@ -25,3 +25,4 @@ def write_steps(model: str, tp_rank: int, wiring: WiringRecord, seed: int, n_ste
     for rec in make_steps(n_steps, seed=seed, ranks=Ranks(tp=tp_rank), p_accept=p_accept):
         exporter.record_step(rec)
     exporter.record_health(dropped=tp_rank + 1, hook_errors=0, enabled=True, host_overhead_s=1e-5)
+    exporter.close()  # flushes the summed steps

@@ -32,6 +32,7 @@ class TracerConfig:
     queue_size: int = 1024  # HS_TRACER_QUEUE_SIZE: step records buffered for the recorder thread
     metrics_port: int | None = None  # HS_TRACER_METRICS_PORT: own /metrics when SGLang's are off
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
+    fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
 def _fraction(name: str, raw: str) -> float:
@@ -66,6 +67,7 @@ _PARSERS = {
     "HS_TRACER_QUEUE_SIZE": ("queue_size", _positive_int),
     "HS_TRACER_METRICS_PORT": ("metrics_port", _positive_int),
     "HS_TRACER_LOG_LEVEL": ("log_level", lambda _n, raw: raw.upper()),
+    "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
 }
 
 

@@ -69,3 +69,9 @@ def test_version_guard_names_what_is_missing() -> None:
     assert "missing" in versions.problems(bad)[0]
     changed = {"sglang.srt.layers.logits_processor.LogitsProcessor.forward": ("no_such_arg",)}
     assert "no longer takes no_such_arg" in versions.problems(changed)[0]
+
+
+def test_every_hook_target_is_version_checked() -> None:
+    from hs_tracer.integrations.sglang import hooks, versions
+
+    assert {target for target, _hook, _type in hooks.HOOKS} == set(versions.TARGETS)

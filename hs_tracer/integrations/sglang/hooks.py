@@ -1,8 +1,13 @@
 """The hooks hs_tracer registers in SGLang 0.5.23, one small function per concern.
 
-Each hook is registered through SGLang's ``HookRegistry`` (see :mod:`.plugin`) and runs under
-:func:`.state.guarded`, so an exception inside hs_tracer switches tracing off instead of
-propagating into SGLang.
+Startup (run once): what the target captures and what the draft expects -> a WiringRecord and the
+static findings. Capture metadata (graph capture / eager prefill only): which aux states the target
+actually produced and how wide. Per step (Python, outside CUDA graphs): the fingerprint probe on the
+draft's input before the draft extend, and the accept lengths after SGLang resolved them on the CPU.
+docs/architecture.md says why each target was chosen.
+
+Every hook runs under :func:`.state.guarded`: an exception inside hs_tracer switches tracing off
+instead of propagating into SGLang.
 """
 
 from __future__ import annotations
@@ -13,16 +18,31 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import state
-from hs_tracer.integrations.sglang.versions import installed_version
+from hs_tracer.integrations.sglang.state import TracerState
 
 
 def install_state(cfg: TracerConfig) -> None:
     state.install(cfg)
 
 
+# ---- startup ---------------------------------------------------------------------------------------
+@state.guarded("resolve_spec_aux_hidden_state_config")
+def after_resolve_aux_config(st: TracerState, result: Any, *_args: Any, **kwargs: Any) -> None:
+    """The target's resolved capture config, and the draft's config.json as SGLang read it."""
+    if kwargs.get("is_draft_worker"):
+        return
+    st.aux = {
+        "use_aux_hidden_state": bool(result.eagle_use_aux_hidden_state),
+        "layer_ids": _int_list(result.eagle_aux_hidden_state_layer_ids),
+    }
+    draft_cfg = getattr(result, "draft_model_config", None)
+    if draft_cfg is not None:
+        st.draft_config = draft_cfg.hf_config.to_dict()
+
+
 @state.guarded("ModelRunner.init_attention_backends")
-def after_init_attention_backends(st: state.TracerState, _result: Any, runner: Any) -> None:
-    """Startup: what the target model looks like and which layers it captures for the draft."""
+def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) -> None:
+    """The target model and the layers it captures (set just before, by SGLang)."""
     if getattr(runner, "is_draft_worker", False):
         return
     model = runner.model
@@ -30,18 +50,119 @@ def after_init_attention_backends(st: state.TracerState, _result: Any, runner: A
     body = getattr(inner, "model", inner)
     st.target = {
         "architecture": type(model).__name__,
+        "model_path": str(runner.model_config.model_path),
         "num_layers": int(runner.model_config.num_hidden_layers),
         "hidden_size": int(runner.model_config.hidden_size),
-        "layers_to_capture": list(getattr(body, "layers_to_capture", []) or []),
+        "layers_to_capture": _int_list(getattr(body, "layers_to_capture", None)) or [],
         "capture_aux_hidden_states": bool(getattr(inner, "capture_aux_hidden_states", False)),
-        "sglang_version": installed_version(),
     }
+    st.target_logits_processor = getattr(inner, "logits_processor", None)
     st.write_report()
 
 
-_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+@state.guarded("EagleDraftWorker.init_lm_head")
+def after_init_lm_head(st: TracerState, _result: Any, worker: Any) -> None:
+    """What the loaded draft expects: fc input width, number of aux states, norms, vocab map."""
+    draft = worker.draft_runner.model
+    body = getattr(draft, "model", draft)
+    fc = getattr(body, "fc", None)
+    hot = getattr(draft, "hot_token_id", None)
+    st.draft = {
+        "architecture": type(draft).__name__,
+        "fc_in_features": int(fc.in_features) if fc is not None else None,
+        "num_aux_hidden_states": getattr(body, "num_aux_hidden_states", None),
+        "fc_norm": getattr(body, "fc_norm", None) is not None,
+        "input_norm": getattr(body, "input_norm", None) is not None,
+        "draft_vocab_size": int(hot.numel()) if hot is not None else None,
+    }
+    st.spec_args = {
+        "speculative_algorithm": str(worker.speculative_algorithm.name),
+        "speculative_num_steps": int(worker.speculative_num_steps),
+        "speculative_eagle_topk": int(worker.topk),
+        "speculative_num_draft_tokens": int(worker.speculative_num_draft_tokens),
+    }
 
-# (target, hook, type): the full set registered by the plugin.
+
+@state.guarded("EagleDraftWorker.init_cuda_graphs")
+def after_init_draft_cuda_graphs(st: TracerState, _result: Any, worker: Any, *_a: Any, **_k: Any) -> None:
+    """Last startup step: the draft-extend graph width exists now; build the wiring record."""
+    runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
+    buffers = getattr(runner, "buffers", None)
+    hidden = getattr(buffers, "hidden_states", None)
+    st.draft["graph_width"] = int(hidden.shape[1]) if hidden is not None else None
+    st.finish_startup()
+
+
+# ---- capture metadata (graph capture and eager prefill; not per step under CUDA graphs) ------------
+@state.guarded("DeepseekV2Model.forward")
+def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, **_kwargs: Any) -> None:
+    """Which layers the target actually captured, in the order it appended them, and the width."""
+    if st.capture_seen >= st.CAPTURE_SAMPLES or not isinstance(result, tuple):
+        return
+    wanted = set(getattr(model, "layers_to_capture", ()) or ())
+    order = [i for i in range(model.start_layer, model.end_layer) if i in wanted]  # loop order
+    st.note_capture(order, int(result[1].shape[-1]))
+
+
+@state.guarded("LogitsProcessor.forward")
+def after_logits_forward(st: TracerState, result: Any, processor: Any, *_args: Any, **_kwargs: Any) -> None:
+    """The width of the features the target's logits processor hands on to the draft."""
+    if st.handoff_widths_seen >= st.CAPTURE_SAMPLES or processor is not st.target_logits_processor:
+        return
+    hidden = getattr(result, "hidden_states", None)
+    if hidden is not None and hidden.dim() == 2:
+        st.note_handoff_width(int(hidden.shape[1]))
+
+
+# ---- per step --------------------------------------------------------------------------------------
+@state.guarded("EagleDraftWorker._draft_extend_for_decode")
+def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, batch_result: Any,
+                                   *_a: Any, **_k: Any) -> None:
+    """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window)."""
+    st.observe(batch_result.logits_output.hidden_states)
+
+
+@state.guarded("EagleDraftWorker._draft_extend_for_prefill")
+def before_draft_extend_for_prefill(st: TracerState, _worker: Any, _batch: Any,
+                                    target_hidden_states: Any, *_a: Any, **_k: Any) -> None:
+    """The [extend_tokens, K*H] features of a prefill."""
+    st.observe(target_hidden_states)
+
+
+@state.guarded("SchedulerBatchResultProcessor._resolve_spec_v2_tokens")
+def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any, result: Any,
+                                 batch: Any) -> None:
+    """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step."""
+    reqs = batch.reqs
+    st.record_step(
+        accept_lengths=result.accept_lens.tolist(),
+        request_ids=[r.rid for r in reqs],
+        trace_ctxs=[getattr(getattr(r, "time_stats", None), "trace_ctx", None) for r in reqs],
+        num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
+    )
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def _int_list(values: Any) -> list[int] | None:
+    return None if values is None else [int(v) for v in values]
+
+
+_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
+_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
+_RESULTS = (
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+)
+_AUX = "sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state"
+
+# (target, hook, type): the full set registered by the plugin. Targets are checked by versions.py.
 HOOKS: list[tuple[str, Any, HookType]] = [
+    (f"{_AUX}.resolve_spec_aux_hidden_state_config", after_resolve_aux_config, HookType.AFTER),
     (f"{_RUNNER}.init_attention_backends", after_init_attention_backends, HookType.AFTER),
+    (f"{_DRAFT}.init_lm_head", after_init_lm_head, HookType.AFTER),
+    (f"{_DRAFT}.init_cuda_graphs", after_init_draft_cuda_graphs, HookType.AFTER),
+    ("sglang.srt.models.deepseek_v2.DeepseekV2Model.forward", after_target_forward, HookType.AFTER),
+    ("sglang.srt.layers.logits_processor.LogitsProcessor.forward", after_logits_forward, HookType.AFTER),
+    (f"{_DRAFT}._draft_extend_for_decode", before_draft_extend_for_decode, HookType.BEFORE),
+    (f"{_DRAFT}._draft_extend_for_prefill", before_draft_extend_for_prefill, HookType.BEFORE),
+    (f"{_RESULTS}._resolve_spec_v2_tokens", after_resolve_spec_v2_tokens, HookType.AFTER),
 ]

@@ -1,21 +1,35 @@
-"""Per-process tracer state and the fail-safe guard every hook runs under.
+"""Per-process tracer state, the step path, and the fail-safe guard every hook runs under.
 
-One :class:`TracerState` per scheduler process. A hook that raises is counted, logged once and
-switches the tracer off; SGLang's own call then proceeds exactly as if hs_tracer were not there.
+One :class:`TracerState` per scheduler process. The hooks hand it what they read from SGLang; it
+keeps the wiring, owns the fingerprint probe, turns each verify step into a
+:class:`~hs_tracer.records.StepRecord` on a bounded queue, and starts the background
+:class:`~hs_tracer.export.recorder.Recorder` that exports and diagnoses off the scheduler thread.
+
+A hook that raises is counted, logged once and switches the tracer off; SGLang's own call then
+proceeds exactly as if hs_tracer were not there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
+import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.records import Ranks, StepRecord, WiringRecord
+
+if TYPE_CHECKING:
+    from hs_tracer.diagnosis.findings import Finding
+    from hs_tracer.export.recorder import Recorder
+    from hs_tracer.fingerprint.probe import FingerprintProbe
 
 logger = logging.getLogger("hs_tracer")
 
@@ -28,9 +42,45 @@ class TracerState:
     enabled: bool = True
     hook_errors: int = 0
     disabled_reason: str | None = None
-    target: dict[str, Any] = field(default_factory=dict)  # what the target runner looks like
+    # What the startup hooks read; merged into the WiringRecord by finish_startup().
+    target: dict[str, Any] = field(default_factory=dict)
+    aux: dict[str, Any] = field(default_factory=dict)
+    draft: dict[str, Any] = field(default_factory=dict)
+    draft_config: dict[str, Any] = field(default_factory=dict)
+    spec_args: dict[str, Any] = field(default_factory=dict)
+    target_logits_processor: Any = None
+    wiring: WiringRecord | None = None
+    static_findings: list[Finding] = field(default_factory=list)
+    captured_layers: list[list[int]] = field(default_factory=list)  # per sampled target forward
+    capture_widths: list[int] = field(default_factory=list)
+    handoff_widths: list[int] = field(default_factory=list)
+    ranks: Ranks | None = None
+    emitting: bool = True  # False on ranks other than attention-TP rank 0
+    # Step path.
+    probe: FingerprintProbe | None = None
+    step: int = 0
+    tokens_in_window: int = 0
+    input_width: int | None = None
+    dropped: int = 0
+    host_overhead_s: float = 0.0  # last step's host time in the per-step hooks
+    recorder: Recorder | None = None
+    queue: queue.Queue[StepRecord] = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
+
+    def __post_init__(self) -> None:
+        self.queue = queue.Queue(maxsize=self.config.queue_size)
+
+    @property
+    def capture_seen(self) -> int:
+        return len(self.capture_widths)
+
+    @property
+    def handoff_widths_seen(self) -> int:
+        return len(self.handoff_widths)
+
+    # ---- failure -----------------------------------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
         """Record a hook error and switch tracing off for the rest of this process's life."""
         with self._lock:
@@ -41,19 +91,151 @@ class TracerState:
         if first:
             logger.error("hs_tracer: error in %s, tracing switched off; serving continues", where,
                          exc_info=exc)
+        try:
+            self.write_report()
+        except Exception:  # the report is best effort; the tracer is already off
+            logger.debug("hs_tracer: could not write the report after a failure", exc_info=True)
+
+    # ---- startup -----------------------------------------------------------------------------------
+    def note_capture(self, layers: list[int], width: int) -> None:
+        self.captured_layers.append(layers)
+        self.capture_widths.append(width)
+
+    def note_handoff_width(self, width: int) -> None:
+        self.handoff_widths.append(width)
+
+    def finish_startup(self) -> None:
+        """All startup hooks have run: build the wiring record, run the static checks, start
+        the recorder."""
+        from hs_tracer import sources
+        from hs_tracer.diagnosis import wiring as static
+        from hs_tracer.integrations.sglang.versions import installed_version
+
+        self.ranks, self.emitting = _ranks()
+        t = self.target
+        family = sources.family_of(t["architecture"])
+        captured = sources.sglang_capture(t["layers_to_capture"], t["num_layers"], family)
+        self.wiring = WiringRecord(
+            model=os.path.basename(str(t.get("model_path", "")).rstrip("/")) or t["architecture"],
+            target_arch=t["architecture"],
+            num_layers=t["num_layers"],
+            hidden_size=t["hidden_size"],
+            layers_to_capture=t["layers_to_capture"],
+            sources=list(captured.sources),
+            configured_layer_ids=self.aux.get("layer_ids"),
+            draft_fc_in_features=self.draft.get("fc_in_features"),
+            draft_num_aux_states=self.draft.get("num_aux_hidden_states"),
+            draft_graph_width=self.draft.get("graph_width"),
+            use_aux_hidden_state=self.aux.get("use_aux_hidden_state"),
+            spec_args=dict(self.spec_args),
+            sglang_version=installed_version() or "",
+        )
+        live = static.wiring_from_record(self.wiring)
+        live = _with_draft_config(live, self.draft_config)
+        trained = None
+        if self.config.profile is not None:
+            trained = self._trained_sources()
+        self.static_findings = static.check_wiring(live, trained)
+        for f in self.static_findings:
+            logger.warning("hs_tracer: %s", f.one_line())
+        if self.emitting:
+            from hs_tracer.export.recorder import Recorder
+
+            self.recorder = Recorder(self)
+            self.recorder.start()
         self.write_report()
 
+    def _trained_sources(self) -> list[str] | None:
+        from hs_tracer.profile.model import Profile
+
+        assert self.config.profile is not None
+        return list(Profile.load(self.config.profile).sources)
+
+    # ---- step path (scheduler thread) -------------------------------------------------------------
+    def observe(self, features: Any) -> None:
+        """Fingerprint the draft's input for this step. No host sync; keeps no reference."""
+        if not self.emitting or self.wiring is None or features is None:
+            return
+        started = time.perf_counter()
+        self.step += 1
+        width = int(features.shape[-1])
+        self.input_width = width
+        probe = self.probe
+        if probe is None:
+            probe = self.probe = self._make_probe(width, features.device)
+        if probe is not None:
+            probe.observe(features, self.step)
+            self.tokens_in_window += int(features.shape[0])
+            if self.tokens_in_window >= self.config.window_tokens:
+                probe.end_window()
+                self.tokens_in_window = 0
+        self.host_overhead_s = time.perf_counter() - started
+
+    def _make_probe(self, width: int, device: Any) -> FingerprintProbe | None:
+        from hs_tracer.fingerprint.probe import FingerprintProbe
+
+        hidden = self.wiring.hidden_size if self.wiring else 0
+        if hidden <= 0 or width % hidden:
+            logger.warning("hs_tracer: draft input is %d wide, not a multiple of the target hidden size "
+                           "%d; fingerprints are off, the width finding stands", width, hidden)
+            return None
+        return FingerprintProbe(width // hidden, hidden, device)
+
+    def record_step(self, accept_lengths: Sequence[int], request_ids: Sequence[str],
+                    trace_ctxs: Sequence[Any], num_draft_tokens: int) -> None:
+        """One verify step with its accept lengths (bonus token included) -> the recorder's queue."""
+        if not self.emitting:
+            return
+        started = time.perf_counter()
+        digest = None
+        if self.probe is not None:
+            drained = self.probe.drain()
+            if drained:
+                digest = drained[0][1]
+                for _step, other in drained[1:]:
+                    digest = digest.merge(other)
+        rec = StepRecord(
+            step=self.step, time_unix_ns=time.time_ns(), ranks=self.ranks or Ranks(),
+            request_ids=list(request_ids), accept_lengths=list(accept_lengths),
+            num_draft_tokens=num_draft_tokens, digest=digest, input_width=self.input_width,
+        )
+        rec.trace_ctxs = list(trace_ctxs)  # type: ignore[attr-defined]  # for the recorder only
+        try:
+            self.queue.put_nowait(rec)
+        except queue.Full:
+            with contextlib.suppress(queue.Empty):  # drop the oldest: recent steps matter more
+                self.queue.get_nowait()
+            self.dropped += 1
+            self.queue.put_nowait(rec)
+        self.host_overhead_s += time.perf_counter() - started
+
+    # ---- reporting ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         from sglang.srt.plugins.hook_registry import HookRegistry
 
-        return {
+        out: dict[str, Any] = {
             "pid": os.getpid(),
             "enabled": self.enabled,
-            "hooks_applied": sorted(t for t in HookRegistry._patched if t in _own_targets()),
+            "emitting": self.emitting,
             "hook_errors": self.hook_errors,
             "disabled_reason": self.disabled_reason,
+            "dropped_records": self.dropped,
+            "hooks_applied": sorted(t for t in HookRegistry._patched if t in _own_targets()),
             "target": self.target,
+            "draft": self.draft,
+            "capture": {
+                "layers_in_order": self.captured_layers[-1] if self.captured_layers else None,
+                "aux_widths": sorted(set(self.capture_widths)),
+                "handoff_widths": sorted(set(self.handoff_widths)),
+            },
+            "wiring": _asdict(self.wiring),
+            "ranks": _asdict(self.ranks),
         }
+        if self.recorder is not None:
+            out["diagnosis"] = self.recorder.report_json()
+        elif self.static_findings:
+            out["diagnosis"] = {"findings": [f.to_json() for f in self.static_findings]}
+        return out
 
     def write_report(self) -> None:
         """Write this process's status to ``HS_TRACER_REPORT_DIR`` (atomic rename), if set."""
@@ -62,9 +244,45 @@ class TracerState:
             return
         report_dir.mkdir(parents=True, exist_ok=True)
         path = report_dir / f"scheduler-{os.getpid()}.json"
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(self.status(), indent=2, default=str))
         tmp.replace(path)
+
+
+def _ranks() -> tuple[Ranks, bool]:
+    """This process's ranks, and whether it emits (attention-TP rank 0 only: TP ranks see the same
+    tensors). Read lazily: SGLang publishes them after the plugin loads."""
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    rank = Ranks(tp=int(getattr(par, "tp_rank", 0) or 0), pp=int(getattr(par, "pp_rank", 0) or 0),
+                 dp=int(getattr(par, "attn_dp_rank", 0) or 0))
+    return rank, int(getattr(par, "attn_tp_rank", 0) or 0) == 0
+
+
+def _with_draft_config(live: Any, draft_config: dict[str, Any]) -> Any:
+    """Add where the draft config keeps its layer ids (SGLang reads only ``eagle_config``)."""
+    import dataclasses
+
+    from hs_tracer.diagnosis.wiring import IdsLocation
+
+    eagle = draft_config.get("eagle_config")
+    nested = isinstance(eagle, dict) and "eagle_aux_hidden_state_layer_ids" in eagle
+    top = draft_config.get("eagle_aux_hidden_state_layer_ids")
+    locations = {(True, True): IdsLocation.BOTH, (True, False): IdsLocation.NESTED,
+                 (False, True): IdsLocation.TOP_LEVEL, (False, False): IdsLocation.NONE}
+    location = locations[(nested, top is not None)]
+    return dataclasses.replace(
+        live, ids_location=location, top_level_layer_ids=list(top) if top is not None else None,
+        eagle_config_is_dict=eagle is None or isinstance(eagle, dict),
+        draft_input_hidden=draft_config.get("target_hidden_size") or None,
+    )
+
+
+def _asdict(obj: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.asdict(obj) if obj is not None else None
 
 
 _STATE: TracerState | None = None
@@ -89,20 +307,23 @@ def current() -> TracerState | None:
 def guarded(where: str) -> Callable[[F], F]:
     """Run a hook only while tracing is on; turn any exception into :meth:`TracerState.fail`.
 
-    The wrapped hook returns ``None`` on every path SGLang's HookRegistry treats as "no change".
+    The wrapped hook returns ``None`` on every path: SGLang's HookRegistry treats that as "no
+    change", so a hook can never alter SGLang's arguments or results.
     """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            state = _STATE
-            if state is None or not state.enabled:
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            st = _STATE
+            if st is None or not st.enabled:
                 return None
             try:
-                return fn(state, *args, **kwargs)
+                if st.config.fault_inject == where:
+                    raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
+                fn(st, *args, **kwargs)
             except Exception as exc:  # the tracer must never break serving
-                state.fail(where, exc)
-                return None
+                st.fail(where, exc)
+            return None
 
         return wrapper  # type: ignore[return-value]
 

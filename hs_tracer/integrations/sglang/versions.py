@@ -21,14 +21,16 @@ _RESULTS = (
 
 # Hook target -> parameter names (after self) the hook reads. Why each target: docs/architecture.md.
 TARGETS: dict[str, tuple[str, ...]] = {
+    "sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state"
+    ".resolve_spec_aux_hidden_state_config": ("is_draft_worker",),
     f"{_RUNNER}.init_attention_backends": (),
     f"{_DRAFT}.init_lm_head": (),
     f"{_DRAFT}.init_cuda_graphs": (),
     f"{_DRAFT}._draft_extend_for_decode": ("batch", "batch_result"),
     f"{_DRAFT}._draft_extend_for_prefill": ("batch", "target_hidden_states"),
     f"{_RESULTS}._resolve_spec_v2_tokens": ("result", "batch"),
-    "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward": ("input_ids", "positions", "forward_batch"),
-    "sglang.srt.layers.logits_processor.LogitsProcessor.forward": ("input_ids", "hidden_states"),
+    "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward": (),
+    "sglang.srt.layers.logits_processor.LogitsProcessor.forward": (),
 }
 
 

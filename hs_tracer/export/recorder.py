@@ -1,0 +1,177 @@
+"""The background recorder: everything that must not run on SGLang's scheduler thread.
+
+It takes :class:`~hs_tracer.records.StepRecord` objects off the tracer's bounded queue, tallies
+acceptance, feeds the Prometheus and OpenTelemetry exporters, reads the fingerprint probe's
+per-channel windows, runs the online diagnosis against ``HS_TRACER_PROFILE``, and keeps the live
+report (the DESIGN §5.4 JSON) that ``HS_TRACER_REPORT_DIR`` and ``hs-tracer demo`` show.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report
+from hs_tracer.fingerprint.stats import ChannelStats
+
+if TYPE_CHECKING:
+    from hs_tracer.integrations.sglang.state import TracerState
+    from hs_tracer.profile.model import Profile
+    from hs_tracer.records import StepRecord
+
+logger = logging.getLogger("hs_tracer")
+
+REPORT_EVERY_S = 0.5  # how often the live report file is refreshed while steps arrive
+
+
+@dataclass
+class AcceptanceTally:
+    """Counts over (request, verify step) pairs. ``accept_length`` includes the bonus token, so
+    draft position ``i`` was accepted when ``accept_length - 1 > i``."""
+
+    steps: int = 0
+    accepted_tokens: int = 0  # sum of accept lengths
+    per_position: list[int] = field(default_factory=list)
+
+    def add(self, accept_lengths: list[int], num_draft_tokens: int) -> None:
+        positions = max(num_draft_tokens - 1, 0)
+        if len(self.per_position) < positions:
+            self.per_position.extend([0] * (positions - len(self.per_position)))
+        for length in accept_lengths:
+            self.steps += 1
+            self.accepted_tokens += length
+            for i in range(min(length - 1, len(self.per_position))):
+                self.per_position[i] += 1
+
+    def summary(self) -> Acceptance | None:
+        if not self.steps:
+            return None
+        return Acceptance(self.steps, self.accepted_tokens / self.steps,
+                          [n / self.steps for n in self.per_position])
+
+
+class Recorder(threading.Thread):
+    """One per emitting scheduler process; a daemon thread so it never holds up SGLang's exit."""
+
+    def __init__(self, st: TracerState) -> None:
+        super().__init__(name="hs_tracer-recorder", daemon=True)
+        self.st = st
+        self.acceptance = AcceptanceTally()
+        self.live: ChannelStats | None = None  # all windows so far
+        self.window_reports: int = 0
+        self.profile: Profile | None = None
+        self.report = Report(findings=list(st.static_findings))
+        self._report_lock = threading.Lock()
+        self._prom: Any = None
+        self._otel: Any = None
+        self._stop = threading.Event()
+
+    # ---- thread ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._setup()
+            last_report = 0.0
+            while not self._stop.is_set():
+                try:
+                    rec = self.st.queue.get(timeout=0.2)
+                except queue.Empty:
+                    rec = None
+                if rec is not None:
+                    self._on_step(rec)
+                changed = self._on_window()
+                now = time.monotonic()
+                if changed or (rec is not None and now - last_report > REPORT_EVERY_S):
+                    self._export_health()
+                    self.st.write_report()
+                    last_report = now
+        except Exception as exc:  # the recorder failing must not leave a half-working tracer
+            self.st.fail("recorder", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _setup(self) -> None:
+        from hs_tracer.export.otel import OtelExporter
+        from hs_tracer.export.prometheus import PrometheusExporter
+
+        st, wiring = self.st, self.st.wiring
+        assert wiring is not None and st.ranks is not None
+        if st.config.fault_inject == "recorder":
+            raise RuntimeError("fault injected by HS_TRACER_FAULT_INJECT=recorder")
+        if st.config.profile is not None:
+            from hs_tracer.profile.model import Profile
+
+            self.profile = Profile.load(st.config.profile)
+        self._prom = PrometheusExporter(wiring.model, st.ranks, port=st.config.metrics_port)
+        self._prom.record_wiring(wiring)
+        for f in st.static_findings:
+            self._prom.record_finding(f)
+        self._otel = OtelExporter(wiring.model, st.ranks, sample=st.config.span_sample)
+        self._otel.record_wiring(wiring)
+
+    # ---- per record --------------------------------------------------------------------------------
+    def _on_step(self, rec: StepRecord) -> None:
+        self.acceptance.add(rec.accept_lengths, rec.num_draft_tokens)
+        self._prom.record_step(rec)
+        self._otel.record_step(rec, getattr(rec, "trace_ctxs", None))
+        with self._report_lock:
+            self.report.acceptance = self.acceptance.summary()
+
+    def _on_window(self) -> bool:
+        """Fold a finished fingerprint window in and re-diagnose. True if the report changed."""
+        probe = self.st.probe
+        if probe is None:
+            return False
+        window = probe.read_window()
+        if window is None:
+            return False
+        self.live = window if self.live is None else self.live.merge(window)
+        self.window_reports += 1
+        self._diagnose()
+        return True
+
+    def _diagnose(self) -> None:
+        from hs_tracer.diagnosis.live import diagnose_live
+
+        assert self.live is not None
+        st = self.st
+        report = diagnose_live(
+            self.live, self.profile, input_width=st.input_width,
+            expected_width=st.wiring.draft_fc_in_features if st.wiring else None,
+        )
+        findings = list(st.static_findings)
+        codes = {(f.code, f.slot) for f in findings}
+        new = [f for f in report.findings if (f.code, f.slot) not in codes]
+        findings.extend(new)
+        for f in new:
+            if f not in self._last_findings():
+                self._prom.record_finding(f)
+        drift = [f.details.get("drift", 0.0) if f.code is Code.FEATURE_DRIFT else 0.0
+                 for f in report.findings]
+        self._prom.record_slots(report.slots, drift[: len(report.slots)])
+        self._otel.record_slots(report.slots)
+        with self._report_lock:
+            self.report = Report(slots=report.slots, acceptance=self.acceptance.summary(),
+                                 findings=findings)
+
+    def _last_findings(self) -> list[Finding]:
+        with self._report_lock:
+            return list(self.report.findings)
+
+    def _export_health(self) -> None:
+        st = self.st
+        self._prom.record_health(dropped=st.dropped, hook_errors=st.hook_errors, enabled=st.enabled,
+                                 host_overhead_s=st.host_overhead_s)
+
+    # ---- report ------------------------------------------------------------------------------------
+    def report_json(self) -> dict[str, Any]:
+        with self._report_lock:
+            out = self.report.to_json()
+        out["windows"] = self.window_reports
+        out["profile"] = str(self.st.config.profile) if self.st.config.profile else None
+        return out
+

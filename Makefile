@@ -24,6 +24,8 @@ demo: $(STAMP)
 	$(BIN)/hs-tracer demo
 
 test: $(STAMP)
+	@# A real Prometheus server (and promtool) from Debian's package; the tests start their own.
+	tests/infra/prometheus.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

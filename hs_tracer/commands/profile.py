@@ -1,0 +1,218 @@
+"""``hs-tracer profile build|merge|show``: reference profiles of a draft's training data.
+
+See docs/diagnosis.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="build, merge or show reference profiles of a draft's training hidden states",
+        description="Reference profiles: per-slot, per-channel statistics of the hidden states a draft was "
+        "trained on, with their provenance, for `hs-tracer diagnose` and the live tracer.",
+    )
+    psub = p.add_subparsers(dest="profile_command", metavar="SUBCOMMAND", required=True)
+
+    b = psub.add_parser(
+        "build",
+        help="build a profile from SpecForge / speculators dumps or hs_tracer captures",
+        description="Stream the dumps (one record in memory at a time) into a profile. Layer ids come from "
+        "the data (captures), else the draft's config (--draft), else --layer-ids, else the producer's "
+        "default triple; the profile records which.",
+    )
+    b.add_argument("sources", nargs="+", type=Path, metavar="SOURCE", help="dump directories (same wiring)")
+    b.add_argument("-o", "--output", type=Path, required=True, help="profile file to write (.safetensors)")
+    b.add_argument(
+        "--draft", type=Path, help="draft dir or config.json: its eagle_aux_hidden_state_layer_ids"
+    )
+    b.add_argument("--layer-ids", help="comma-separated layer ids the data was captured with, e.g. 1,29,57")
+    b.add_argument(
+        "--convention",
+        help="how the ids are meant: specforge (output of block j), speculators/"
+        "vllm/eagle (input of layer k), sglang_capture, sglang_draft_config (needs the family), "
+        "hf_hidden_states",
+    )
+    b.add_argument(
+        "--family",
+        help="SGLang layer-id rule for sglang_draft_config: llama, deepseek, gpt_oss "
+        "(default: from --target's architecture)",
+    )
+    b.add_argument("--target", type=Path, help="target model dir or config.json (layer count, hidden, arch)")
+    b.add_argument("--num-layers", type=int, help="target decoder layer count (if no --target)")
+    b.add_argument(
+        "--shard",
+        help="build only shard i of n (files i, i+n, ...), e.g. 3/16; merge the "
+        "shard profiles with `hs-tracer profile merge`",
+    )
+    b.add_argument(
+        "--atlas",
+        type=Path,
+        help="dump holding every layer (speculators layout, ids 0..N) for "
+        "the layer atlas: lets diagnosis name any observed source exactly",
+    )
+    b.add_argument("--atlas-layer-ids", help="ids of the atlas dump's layers (default 0..L-1)")
+    b.add_argument("--atlas-convention", default="speculators", help="convention of --atlas-layer-ids")
+    b.add_argument("--piece-tokens", type=int, default=None, help="calibration piece size (default 64)")
+    b.add_argument("--max-pieces", type=int, default=None, help="calibration pieces kept (default 256)")
+    b.add_argument(
+        "--skip-first",
+        type=int,
+        default=None,
+        help="skip token positions below this (default 1: the BOS / attention-sink position)",
+    )
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.set_defaults(func=run_build)
+
+    m = psub.add_parser(
+        "merge",
+        help="merge shard profiles into one",
+        description="Sum shard profiles (built with --shard i/n and the same settings).",
+    )
+    m.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE")
+    m.add_argument("-o", "--output", type=Path, required=True)
+    m.set_defaults(func=run_merge)
+
+    s = psub.add_parser("show", help="print a profile's provenance and calibration")
+    s.add_argument("profile", type=Path)
+    s.add_argument("--json", action="store_true", help="print the metadata as JSON")
+    s.set_defaults(func=run_show)
+
+
+def _ids(text: str | None, flag: str) -> list[int] | None:
+    from hs_tracer.cli import UsageError
+
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.replace(" ", "").split(",") if v != ""]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,29,57") from None
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    from hs_tracer.cli import UsageError
+
+    if text is None:
+        return None
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected i/n, e.g. 0/8") from None
+    if not 0 <= i < n:
+        raise UsageError(f"--shard {text!r}: need 0 <= i < n")
+    return i, n
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from hs_tracer.cli import UsageError
+    from hs_tracer.profile import build
+    from hs_tracer.profile.model import ProfileError
+    from hs_tracer.sources import Convention, Family, family_of
+
+    try:
+        target = build.read_target(args.target) if args.target else build.TargetInfo()
+        if args.num_layers is not None:
+            target.num_layers = args.num_layers
+        convention = Convention.parse(args.convention) if args.convention else None
+        family = (
+            Family.parse(args.family).value
+            if args.family
+            else (family_of(target.arch).value if target.arch else None)
+        )
+        flag_ids = _ids(args.layer_ids, "--layer-ids")
+        ids = build.ids_from_draft(args.draft) if args.draft else None
+        if ids is not None and flag_ids is not None:
+            raise UsageError(
+                f"--draft {args.draft} states layer ids {ids.ids} and --layer-ids gives {flag_ids}: "
+                "pass one of them"
+            )
+        if ids is None and flag_ids is not None:
+            if convention is None:
+                raise UsageError(
+                    "--layer-ids needs --convention (e.g. specforge for SpecForge draft-config ids)"
+                )
+            ids = build.IdSpec(flag_ids, convention, "flag")
+        elif ids is not None and convention is not None:
+            ids.convention = convention  # e.g. SpecForge data captured by SGLang on a DeepSeek target
+        elif ids is None and convention is not None:
+            ids = build.IdSpec(None, convention, "default")
+        if ids is not None:
+            ids.family = family
+            if ids.convention is Convention.SGLANG_DRAFT_CONFIG and family is None:
+                raise UsageError(
+                    "--convention sglang_draft_config needs --family or --target (its architecture)"
+                )
+        dumps = [build.open_dump(path, ids=ids, target=target) for path in args.sources]
+        atlas = None
+        if args.atlas:
+            atlas_ids = _ids(args.atlas_layer_ids, "--atlas-layer-ids")
+            a_ids = (
+                build.IdSpec(atlas_ids, Convention.parse(args.atlas_convention), "flag")
+                if atlas_ids
+                else None
+            )
+            atlas_target = build.TargetInfo(
+                target.num_layers or dumps[0].num_layers, target.hidden_size, target.arch
+            )
+            atlas = build.open_dump(args.atlas, ids=a_ids, target=atlas_target, all_layers=True)
+        kwargs = {
+            k: v
+            for k, v in (
+                ("piece_tokens", args.piece_tokens),
+                ("max_pieces", args.max_pieces),
+                ("skip_first", args.skip_first),
+            )
+            if v is not None
+        }
+        profile = build.build_profile(
+            dumps,
+            atlas=atlas,
+            shard=parse_shard(args.shard),
+            progress=False if args.no_progress else None,
+            **kwargs,
+        )
+    except (build.BuildError, ProfileError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    profile.save(args.output)
+    print(profile.summary())
+    from hs_tracer.diagnosis.calibration import profile_findings
+
+    for finding in profile_findings(profile):
+        print("  " + finding.one_line())
+    print(f"wrote {args.output}")
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from hs_tracer.cli import UsageError
+    from hs_tracer.profile.model import Profile, ProfileError, merge_profiles
+
+    try:
+        merged = merge_profiles([Profile.load(p) for p in args.profiles])
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from exc
+    merged.save(args.output)
+    print(merged.summary())
+    print(f"wrote {args.output}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from hs_tracer.cli import UsageError
+    from hs_tracer.profile.model import Profile, ProfileError
+
+    try:
+        profile = Profile.load(args.profile)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(profile.meta, indent=2, sort_keys=True))
+    else:
+        print(profile.summary())
+    return 0

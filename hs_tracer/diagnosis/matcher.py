@@ -1,0 +1,312 @@
+"""Slot identity: which canonical source each live slot carries, from per-channel statistics alone.
+
+The statistic: for a live slot and a reference source, the per-channel **symmetric KL divergence**
+(Jeffreys) between the two diagonal Gaussians given by their per-channel mean and variance, averaged
+over channels::
+
+    D = mean_h [ ((s1 + d) / s2 + (s2 + d) / s1) / 2 - 1 ],   d = (m1 - m2)^2,  s = variance (floored)
+
+It is 0 for identical moments, blind to a channel's absolute scale, and sensitive to what tells layers
+apart (massive-activation channels, the per-channel norm profile, the mean direction). ``D`` only needs
+count/sum/sumsq per channel, so it works on the GPU probe's windows and on profiles alike.
+
+Decisions, per slot (thresholds calibrated per window size from the profile's own calibration pieces,
+see :mod:`hs_tracer.diagnosis.calibration`):
+
+* the observed source is the reference candidate with the smallest ``D`` (the layer atlas when the
+  profile has one, else the trained slots and the extra states of the training dump);
+* **mismatch** when that candidate is not the trained source *and* it wins decisively:
+  ``D(expected) / D(best) >= rho`` (rho: calibrated, at least ``rho_min``) - a ratio, because a change of
+  prompt distribution inflates all distances together but keeps their order;
+* **unknown** when even the best candidate is farther than ``unknown_factor * t_match``;
+* **drift** when the trained source is still the best but farther than ``drift_factor * t_match``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hs_tracer.diagnosis.findings import Code, Finding, Report, Severity, SlotVerdict
+from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.sources import UNKNOWN
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Decision knobs (docs/diagnosis.md explains each; the defaults are what the measurements used)."""
+
+    min_tokens: int = 256  # a live window decides once it holds this many tokens
+    match_safety: float = 1.5  # t_match = match_safety x the largest D of a correct calibration window
+    rho_min: float = 1.25  # a mismatch needs D(expected) >= rho x D(best), rho >= rho_min
+    rho_safety: float = 1.25  # rho >= rho_safety x the largest D(expected)/D(best other) seen on correct data
+    drift_factor: float = 4.0  # feature_drift when D(expected) > drift_factor x t_match and it is still best
+    unknown_factor: float = 10.0  # observed "unknown" when D(best) > unknown_factor x t_match
+    calibration_windows: int = 64  # bootstrap windows per calibrated window size
+    var_floor: float = 1e-4  # variance floor, relative to the mean variance of the reference source
+    seed: int = 0
+
+
+def moments(stats: ChannelStats) -> tuple[np.ndarray, np.ndarray]:
+    return stats.mean(), stats.var()
+
+
+def divergence(
+    live_mean: np.ndarray, live_var: np.ndarray, ref_mean: np.ndarray, ref_var: np.ndarray, floor: np.ndarray
+) -> np.ndarray:
+    """``D`` between every live row ``[K, H]`` and every reference row ``[C, H]`` -> ``[K, C]``.
+
+    ``floor`` ``[C]``: variance floor per reference row (applied to both sides, so near-constant
+    channels cannot dominate).
+    """
+    fl = floor[None, :, None]
+    s1 = np.maximum(live_var[:, None, :], fl)
+    s2 = np.maximum(ref_var[None, :, :], fl)
+    d = (live_mean[:, None, :] - ref_mean[None, :, :]) ** 2
+    return np.mean(0.5 * ((s1 + d) / s2 + (s2 + d) / s1) - 1.0, axis=2)
+
+
+@dataclass
+class Candidates:
+    """Reference sources a live slot is compared with, as moments."""
+
+    names: list[str]
+    mean: np.ndarray  # [C, H]
+    var: np.ndarray  # [C, H]
+    floor: np.ndarray  # [C]
+    origin: list[str] = field(default_factory=list)  # "trained" | "extra" | "atlas" per candidate
+    gap: np.ndarray | None = None  # [C]: D from each candidate to its nearest other candidate
+
+    def __post_init__(self) -> None:
+        if self.gap is None:
+            d = divergence(self.mean, self.var, self.mean, self.var, self.floor)
+            np.fill_diagonal(d, np.inf)
+            self.gap = d.min(axis=1) if len(self.names) > 1 else np.full(len(self.names), np.inf)
+
+    def index(self, name: str) -> int | None:
+        return self.names.index(name) if name in self.names else None
+
+
+def candidates_of(
+    slots: ChannelStats,
+    sources: list[str],
+    extras=None,
+    atlas=None,
+    var_floor: float = 1e-4,
+) -> Candidates:
+    """Trained slots first (the training data is authoritative for its own sources), then the dump's
+    extra states, then atlas sources not already present."""
+    names: list[str] = []
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    origin: list[str] = []
+
+    def add(name: str, stats: ChannelStats, k: int, how: str) -> None:
+        if name in names:
+            return
+        names.append(name)
+        rows.append((stats.mean()[k], stats.var()[k]))
+        origin.append(how)
+
+    for k, name in enumerate(sources):
+        add(name, slots, k, "trained")
+    for group, how in ((extras, "extra"), (atlas, "atlas")):
+        if group is not None:
+            for k, name in enumerate(group.names):
+                add(name, group.stats, k, how)
+    mean = np.stack([r[0] for r in rows])
+    var = np.stack([r[1] for r in rows])
+    floor = var_floor * np.maximum(var.mean(axis=1), 1e-30)
+    return Candidates(names, mean, var, floor, origin)
+
+
+def score_of(d: float, t_match: float) -> float:
+    """Similarity in (0, 1]: 1 for identical moments, 0.5 at the calibrated match threshold."""
+    return float(0.5 ** (d / t_match)) if t_match > 0 else float(d == 0)
+
+
+@dataclass
+class SlotMatch:
+    index: int
+    expected: str
+    observed: str
+    d_expected: float
+    d_best: float
+    best: str
+    runner_up: str | None
+    d_runner_up: float | None
+    verdict: str  # "ok" | "mismatch" | "unknown" | "ambiguous" | "drift"
+
+
+def match_slots(
+    live: ChannelStats,
+    expected: list[str],
+    cands: Candidates,
+    *,
+    t_match: float,
+    rho: float,
+    thresholds: Thresholds,
+) -> list[SlotMatch]:
+    """Per live slot: distances to all candidates and the decision described in the module docstring."""
+    mean, var = moments(live)
+    dist = divergence(mean, var, cands.mean, cands.var, cands.floor)
+    out = []
+    for k in range(live.num_slots):
+        row = dist[k]
+        order = np.argsort(row)
+        best = int(order[0])
+        runner = int(order[1]) if len(order) > 1 else None
+        exp_name = expected[k] if k < len(expected) else UNKNOWN
+        e = cands.index(exp_name)
+        d_exp = float(row[e]) if e is not None else float("inf")
+        d_best = float(row[best])
+        # Far is relative: at least the noise level (t_match), and at least the distance between the
+        # source and its nearest neighbour (a prompt-distribution change moves a slot by about that much).
+        far_best = max(t_match, float(cands.gap[best]))
+        far_exp = max(t_match, float(cands.gap[e])) if e is not None else t_match
+        if d_best > thresholds.unknown_factor * far_best:
+            verdict, observed = "unknown", UNKNOWN
+        elif e == best:
+            verdict = "drift" if d_exp > thresholds.drift_factor * far_exp else "ok"
+            observed = exp_name
+        elif d_exp >= rho * max(d_best, 1e-30):
+            verdict, observed = "mismatch", cands.names[best]
+        elif d_exp <= thresholds.drift_factor * far_exp:
+            verdict, observed = "ok", exp_name  # not decisive, and the trained source still fits
+        else:
+            verdict, observed = "ambiguous", UNKNOWN
+        out.append(
+            SlotMatch(
+                k,
+                exp_name,
+                observed,
+                d_exp,
+                d_best,
+                cands.names[best],
+                cands.names[runner] if runner is not None else None,
+                float(row[runner]) if runner is not None else None,
+                verdict,
+            )
+        )
+    return out
+
+
+def slot_findings(
+    matches: list[SlotMatch], t_match: float, has_atlas: bool
+) -> tuple[list[SlotVerdict], list[Finding]]:
+    """Slot verdicts for the report and one finding per slot that is not ``ok``."""
+    verdicts: list[SlotVerdict] = []
+    findings: list[Finding] = []
+    for m in matches:
+        d_obs = m.d_expected if m.observed == m.expected else m.d_best
+        margin = None
+        if m.d_runner_up is not None:
+            margin = round(score_of(m.d_best, t_match) - score_of(m.d_runner_up, t_match), 4)
+        verdicts.append(
+            SlotVerdict(m.index, m.expected, m.observed, round(score_of(d_obs, t_match), 4), margin)
+        )
+        if m.expected == UNKNOWN or m.verdict == "ok":
+            continue  # slots beyond the trained K: the width finding already says so
+        findings.append(_slot_finding(m, t_match, has_atlas))
+    return verdicts, findings
+
+
+def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
+    details = {
+        "d_expected": round(m.d_expected, 6),
+        "d_best": round(m.d_best, 6),
+        "best": m.best,
+        "runner_up": m.runner_up,
+        "t_match": round(t_match, 6),
+    }
+    common = {"slot": m.index, "expected": m.expected, "details": details}
+    level = max(t_match, 1e-30)
+    if m.verdict == "mismatch":
+        how = (
+            ""
+            if has_atlas
+            else " (nearest of the trained sources: no atlas, so a neighbouring layer is possible)"
+        )
+        return Finding(
+            Code.SLOT_SOURCE_MISMATCH,
+            Severity.CRITICAL,
+            f"slot {m.index} carries {m.observed}{how}; the draft was trained on {m.expected}"
+            f" (divergence {m.d_best:.3g} vs {m.d_expected:.3g} to {m.expected})",
+            fix=f"make the engine feed {m.expected} in slot {m.index} (it feeds {m.observed}): check the"
+            " draft config's eagle_aux_hidden_state_layer_ids and the engine's layer-id convention"
+            " (hs-tracer check)",
+            observed=m.observed,
+            **common,
+        )
+    if m.verdict == "unknown":
+        hint = "" if has_atlas else "; the profile has no layer atlas (rebuild with --atlas to name it)"
+        return Finding(
+            Code.SLOT_SOURCE_MISMATCH,
+            Severity.CRITICAL,
+            f"slot {m.index} matches no reference source: nearest {m.best} at divergence {m.d_best:.3g}"
+            f" ({m.d_best / level:.0f}x the match level); trained on {m.expected}{hint}",
+            fix="check that the serving target, its dtype and the captured layers are those the draft was "
+            "trained with (hs-tracer check)",
+            observed=UNKNOWN,
+            **common,
+        )
+    if m.verdict == "ambiguous":
+        return Finding(
+            Code.SLOT_SOURCE_MISMATCH,
+            Severity.WARNING,
+            f"slot {m.index} no longer fits its trained source {m.expected} (divergence {m.d_expected:.3g});"
+            f" {m.best} fits better, but not decisively",
+            fix="collect a longer window, or rebuild the profile with --atlas",
+            observed=UNKNOWN,
+            **common,
+        )
+    return Finding(
+        Code.FEATURE_DRIFT,
+        Severity.WARNING,
+        f"slot {m.index} still matches {m.expected} best, but its statistics moved"
+        f" {m.d_expected / level:.1f}x beyond the calibrated match level",
+        fix="compare the serving target (checkpoint, dtype, quantization) and prompt mix with those the "
+        "training data came from",
+        observed=m.expected,
+        **common,
+    )
+
+
+def width_findings(width: int, num_slots: int, hidden: int, sources: list[str]) -> list[Finding]:
+    expected = num_slots * hidden
+    if width == expected:
+        return []
+    states = f"{width // hidden} state(s) of {hidden}" if width % hidden == 0 else f"{width} values"
+    return [
+        Finding(
+            Code.DRAFT_INPUT_WIDTH_MISMATCH,
+            Severity.CRITICAL,
+            f"the draft input is {width} wide ({states}); the draft was trained on"
+            f" {num_slots}x{hidden} = {expected} ({', '.join(sources)})",
+            fix="serve with --speculative-algorithm EAGLE3 and a draft config whose eagle_config lists the "
+            f"{num_slots} aux layers (use_aux_hidden_state: true)",
+            expected=f"{expected}",
+            observed=f"{width}",
+            details={"width": width, "expected_width": expected},
+        )
+    ]
+
+
+def nonfinite_finding(nonfinite: int, total: int) -> list[Finding]:
+    if nonfinite <= 0:
+        return []
+    frac = nonfinite / max(total, 1)
+    return [
+        Finding(
+            Code.NON_FINITE_FEATURES,
+            Severity.CRITICAL,
+            f"{nonfinite} non-finite values ({frac:.2%}) in the draft input features",
+            fix="look for overflow in the target (fp16 activations, a broken quantized layer) or "
+            "uninitialised capture buffers",
+            details={"nonfinite": nonfinite, "fraction": frac},
+        )
+    ]
+
+
+def empty_report(message: str) -> Report:
+    return Report(findings=[Finding(Code.INSUFFICIENT_DATA, Severity.INFO, message)])

@@ -1,0 +1,160 @@
+"""hs_tracer's own capture format: what a live deployment (or a test) writes for offline diagnosis.
+
+A capture is a directory::
+
+    manifest.json                 format, version, wiring (sources per slot, ids), sizes, shard list
+    capture_00000.safetensors     features [N, K*H] (the draft input rows as fed), input_ids [N] int64,
+    capture_00001.safetensors     positions [N] int64, optional accept_lengths [R] int64
+    ...
+
+``manifest.json`` keys (version 1): ``format`` = ``"hs_tracer_capture"``, ``version`` = 1,
+``num_slots`` K, ``hidden_size`` H, ``dtype`` (of ``features``), ``sources`` (canonical source per slot
+as the live wiring claims it, or null when unknown), ``layers_to_capture`` (SGLang's internal list, or
+null), ``num_layers`` (target depth, or null), ``target_arch``, ``producer`` (free text, e.g.
+``"hs_tracer 0.1.0 / sglang 0.5.23"``), ``shards``: ``[{"file": name, "tokens": N}]``. A reader needs
+only ``format``, ``version``, ``num_slots``, ``hidden_size`` and ``shards``; ``features`` may be wider
+or narrower than K*H when the wiring is broken (that is what diagnosis looks for).
+
+Captured hidden states are user data (prompts can be reconstructed from them): files are written 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "hs_tracer_capture"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+@dataclass
+class CaptureManifest:
+    num_slots: int
+    hidden_size: int
+    dtype: str = "float32"
+    sources: list[str] | None = None
+    layers_to_capture: list[int] | None = None
+    num_layers: int | None = None
+    target_arch: str | None = None
+    producer: str = "hs_tracer"
+    shards: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, **self.__dict__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: Path) -> CaptureManifest:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{where}: not an hs_tracer capture manifest (format={data.get('format')!r})")
+        if int(data.get("version", 0)) != VERSION:
+            raise ValueError(
+                f"{where}: capture version {data.get('version')} is not supported (need {VERSION})"
+            )
+        try:
+            return cls(
+                num_slots=int(data["num_slots"]),
+                hidden_size=int(data["hidden_size"]),
+                dtype=str(data.get("dtype", "float32")),
+                sources=data.get("sources"),
+                layers_to_capture=data.get("layers_to_capture"),
+                num_layers=data.get("num_layers"),
+                target_arch=data.get("target_arch"),
+                producer=str(data.get("producer", "")),
+                shards=list(data["shards"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{where}: manifest lacks or mangles num_slots/hidden_size/shards ({exc})"
+            ) from exc
+
+
+def is_capture_dir(path: Path) -> bool:
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        return json.loads(manifest.read_text()).get("format") == FORMAT
+    except ValueError:
+        return False
+
+
+def read_manifest(path: Path) -> CaptureManifest:
+    manifest = Path(path) / MANIFEST
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{manifest}: unreadable capture manifest ({exc})") from exc
+    return CaptureManifest.from_json(data, manifest)
+
+
+class CaptureWriter:
+    """Writes a capture directory shard by shard (each :meth:`write` call is one shard file)."""
+
+    def __init__(self, path: str | Path, manifest: CaptureManifest) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)
+        self.manifest = manifest
+
+    def write(
+        self,
+        features: np.ndarray,
+        input_ids: np.ndarray | None = None,
+        positions: np.ndarray | None = None,
+        accept_lengths: Sequence[int] | None = None,
+    ) -> Path:
+        from safetensors.numpy import save
+
+        features = np.ascontiguousarray(features)
+        if features.ndim != 2:
+            raise ValueError(f"features must be [N, width], got {features.shape}")
+        n = features.shape[0]
+        tensors = {"features": features}
+        tensors["input_ids"] = np.asarray(input_ids if input_ids is not None else np.full(n, -1), np.int64)
+        tensors["positions"] = np.asarray(positions if positions is not None else np.full(n, -1), np.int64)
+        if accept_lengths is not None:
+            tensors["accept_lengths"] = np.asarray(accept_lengths, np.int64)
+        name = f"capture_{len(self.manifest.shards):05d}.safetensors"
+        _write_private(self.path / name, save(tensors))
+        self.manifest.shards.append({"file": name, "tokens": n})
+        self.manifest.dtype = str(features.dtype)
+        _write_private(self.path / MANIFEST, json.dumps(self.manifest.to_json(), indent=2).encode())
+        return self.path / name
+
+
+@dataclass
+class CaptureShard:
+    features: np.ndarray  # [N, width] float32
+    input_ids: np.ndarray
+    positions: np.ndarray
+    accept_lengths: np.ndarray | None
+
+
+def iter_shards(path: Path, manifest: CaptureManifest | None = None) -> Iterator[tuple[str, CaptureShard]]:
+    """Yield ``(shard file name, shard)`` in manifest order, one shard in memory at a time."""
+    from safetensors import safe_open
+
+    manifest = manifest or read_manifest(path)
+    for shard in manifest.shards:
+        file = Path(path) / shard["file"]
+        with safe_open(str(file), framework="pt") as f:
+            keys = set(f.keys())
+            feats = f.get_tensor("features").float().numpy()
+            ids = f.get_tensor("input_ids").numpy() if "input_ids" in keys else np.full(len(feats), -1)
+            pos = f.get_tensor("positions").numpy() if "positions" in keys else np.full(len(feats), -1)
+            acc = f.get_tensor("accept_lengths").numpy() if "accept_lengths" in keys else None
+        yield shard["file"], CaptureShard(feats, ids, pos, acc)

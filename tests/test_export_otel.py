@@ -24,6 +24,9 @@ from tests.infra.net import free_port, wait_until
 from tests.infra.otlp import OtlpReceiver
 from tests.infra.steps import make_steps
 
+# Real Prometheus / OTLP receiver fixtures (also fine once tests/conftest.py lists the plugin).
+pytest_plugins = ["tests.infra.fixtures"]
+
 MODEL = "tiny-llama-eagle3"
 REPO = Path(__file__).resolve().parents[1]
 

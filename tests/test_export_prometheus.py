@@ -26,6 +26,9 @@ from tests.infra.mp_writer import write_steps
 from tests.infra.prom import PrometheusServer
 from tests.infra.steps import make_steps
 
+# Real Prometheus / OTLP receiver fixtures (also fine once tests/conftest.py lists the plugin).
+pytest_plugins = ["tests.infra.fixtures"]
+
 NDT = 4  # speculative_num_draft_tokens: 3 draft positions
 MODEL = "tiny-llama-eagle3"
 W = "[10m]"  # longer than any test: rate() spans all samples, first sample is the all-zero state

@@ -4,8 +4,8 @@ One child process (SGLang picks its CPU/GPU code path at import, so it gets a fr
 CPU testbed runtime) builds the real ``LlamaForCausalLMEagle3`` for each draft config, fills every
 parameter with NaN, runs the real ``load_weights`` over the checkpoint, and reports what was loaded,
 left at NaN, rejected, and the ``hot_token_id`` it built; it also runs SGLang's own server-args
-resolution for a set of speculative flags. The tests compare that with ``plan_load`` and
-``resolve_spec_args``.
+resolution for a set of speculative flags through ``resolve_with_sglang``. The tests compare that
+with ``plan_load`` and ``resolve_spec_args``.
 """
 
 from __future__ import annotations
@@ -80,16 +80,11 @@ for name, draft_dir in job["weights"].items():
     hot = getattr(model, "hot_token_id", None)
     rec["hot_token_id"] = hot.tolist() if hot is not None else None
     out["weights"][name] = rec
+from pathlib import Path
+from hs_tracer.preflight.spec_args import resolve_with_sglang
 for case in job["spec"]:
-    try:
-        sa = ServerArgs(model_path=case["target"], speculative_draft_model_path=case["draft"], device="cpu",
-                        **case["requested"])
-        sa.resolve_once()
-        d = sa.resolved_dict()
-        out["spec"].append({k: d[k] for k in ("speculative_algorithm", "speculative_num_steps",
-                                              "speculative_eagle_topk", "speculative_num_draft_tokens")})
-    except (AssertionError, ValueError, NotImplementedError) as exc:
-        out["spec"].append({"rejected": f"{type(exc).__name__}: {exc}"})
+    res = resolve_with_sglang(case["requested"], Path(case["target"]), Path(case["draft"]))
+    out["spec"].append({"rejected": res.rejected} if res.rejected else res.used())
 print("RESULT" + json.dumps(out))
 '''
 
@@ -145,6 +140,9 @@ SPEC_CASES: list[dict[str, Any]] = [
      "speculative_num_draft_tokens": 6},
     {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
      "speculative_num_draft_tokens": 4, "speculative_use_rejection_sampling": True},
+    {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3},
+    {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1},
+    {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 4},
 ]
 
 
@@ -211,5 +209,7 @@ def test_spec_mirror_matches_sglang_resolution(real: dict[str, Any], index: int)
     if "rejected" in want:
         assert mine.rejected, want
         return
-    assert mine.rejected is None, (mine.rejected, want)
+    # SGLang's resolution accepted it: same values; the mirror may still predict a failure later
+    # in startup or at the first decode, beyond what the resolution checks
     assert mine.used() == want
+    assert mine.rejected is None or "startup" in mine.rejected or "first decode" in mine.rejected

@@ -115,12 +115,18 @@ def resolve_spec_args(requested: dict[str, Any], target_arch: str) -> SpecResolu
                              f"chosen automatically for {target_arch or 'this target'}"))
     if requested.get("speculative_use_rejection_sampling") and topk != 1:
         res.rejected = "--speculative-use-rejection-sampling requires --speculative-eagle-topk 1"
+    elif topk is None:
+        res.rejected = ("--speculative-num-steps without --speculative-eagle-topk: SGLang's startup fails "
+                        "comparing the unset topk (TypeError: None > 1)")
     if topk == 1 and tokens != steps + 1:
         res.adjusted.append(("speculative_num_draft_tokens", tokens, steps + 1,
                              "SGLang sets num_draft_tokens = num_steps + 1 when topk == 1"))
         tokens = steps + 1
     res.num_steps, res.topk, res.num_draft_tokens = steps, topk, tokens
-    if res.rejected is None and topk is not None and topk > 1 and tokens is not None and steps is not None:
+    if res.rejected is None and topk is not None and topk > 1 and tokens is None:
+        res.rejected = ("--speculative-num-draft-tokens unset with topk > 1: SGLang leaves it None and the "
+                        "EAGLE worker fails on it at startup (eagle_worker_v2 sizes buffers with it)")
+    if res.rejected is None and topk is not None and topk > 1 and tokens is not None:
         candidates = topk + (steps - 1) * topk * topk
         if tokens - 1 > candidates:
             res.rejected = (f"num_draft_tokens - 1 = {tokens - 1} exceeds the {candidates} draft candidates "
@@ -172,7 +178,8 @@ def resolve_with_sglang(requested: dict[str, Any], target_dir: Path, draft_dir: 
                         device="cpu", **kwargs)
         sa.resolve_once()
         used = sa.resolved_dict()
-    except (AssertionError, ValueError, NotImplementedError) as exc:
+    except (AssertionError, ValueError, NotImplementedError, TypeError) as exc:
+        # TypeError: e.g. steps without topk reaches `None > 1` in _handle_eagle_family
         res.rejected = f"{type(exc).__name__}: {exc}".rstrip(": ")
         return res
     res.algorithm = used.get("speculative_algorithm")

@@ -197,3 +197,21 @@ def test_sglang_request_trace_gets_events_and_links(otlp_receiver: OtlpReceiver)
     assert (attrs["hs_tracer.accept_length"], attrs["hs_tracer.step"]) == (3, 7)
     assert attrs["hs_tracer.step_span_id"] == span.span_id
     assert attrs["hs_tracer.step_trace_id"] == span.trace_id
+
+
+def test_sampler_saying_no_and_bad_settings_leave_nothing_pending(otlp_receiver: OtlpReceiver,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp_receiver.endpoint)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")  # honoured: no span is recorded
+    exporter = OtelExporter(MODEL, Ranks(), sample=1.0)
+    assert all(exporter.record_step(r) is None for r in make_steps(20, seed=6))
+    exporter.force_flush()
+    assert (exporter.exported, exporter.dropped, exporter._in_flight) == (0, 0, 0)
+    assert otlp_receiver.requests == 0
+    exporter.shutdown()
+
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
+    broken = OtelExporter(MODEL, Ranks(), sample=1.0)
+    assert all(broken.record_step(r) is None for r in make_steps(3, seed=6))  # no exception
+    assert broken.spans_off_reason is not None and "lots" in broken.spans_off_reason

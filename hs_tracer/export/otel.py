@@ -168,6 +168,7 @@ class OtelExporter:
         self.exported = 0
         self.dropped = 0
         self.uses_sglang_provider = False
+        self.spans_off_reason: str | None = None
         self._static: dict[str, Any] = {
             "hs_tracer.model": model,
             "hs_tracer.tp_rank": ranks.tp,
@@ -211,8 +212,9 @@ class OtelExporter:
         attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "hs_tracer"}
         # shutdown_on_exit=False: an unreachable collector must not hold up the scheduler's exit;
         # the recorder calls shutdown() with a short timeout instead.
+        queue_limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
         provider = TracerProvider(resource=Resource.create(attrs), shutdown_on_exit=False)
-        self._queue_limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048"))
+        self._queue_limit = queue_limit
         exporter = _CountingExporter(OTLPSpanExporter(endpoint=self._endpoint), self._export_done)
         provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=self._queue_limit))
         return provider
@@ -259,6 +261,7 @@ class OtelExporter:
         sampled = self.every and (self._steps - 1) % self.every == 0
         if not sampled and rec.digest is not None:
             sampled = any(s.nonfinite for s in rec.digest.slots)
+        sampled = sampled and self.spans_off_reason is None
         span_context = self._emit(rec, trace_ctxs) if sampled else None
         if trace_ctxs:
             attach_step_events(rec, trace_ctxs, step_span=span_context)
@@ -269,7 +272,13 @@ class OtelExporter:
         from opentelemetry.trace import Link
 
         if self._tracer is None:
-            self._tracer = self._resolve_tracer()
+            try:
+                self._tracer = self._resolve_tracer()
+            except Exception as exc:  # spans are optional: metrics and diagnosis go on without them
+                self.spans_off_reason = f"{type(exc).__name__}: {exc}"
+                logger.warning("hs_tracer: step spans switched off, OpenTelemetry export could not be "
+                               "set up (%s). Fix: check the OTEL_* variables.", self.spans_off_reason)
+                return None
         if self._queue_limit:
             with self._lock:
                 if self._in_flight >= self._queue_limit:

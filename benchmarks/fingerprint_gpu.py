@@ -12,7 +12,8 @@ Method:
 * "eager": each call between two events, enqueued behind a GPU sleep so the GPU never waits for
   the CPU (the time is the GPU's, launch gaps excluded);
 * probe.observe (kernel + digest readback + event) is eager only: under capture it records the kernel alone;
-* "host": CPU microseconds per probe.observe call (what the hook costs the scheduler thread).
+* "host": CPU microseconds per call of the bare kernel launch, of probe.observe, and of observe +
+  drain (what the two hooks cost the scheduler thread).
 Target: fused kernel <= max(8 us, 1.5 x floor) at every N.
 ``--sweep`` also times kernel configurations at N in {256, 1024, 4096} (graph) to pick the default.
 Writes fingerprint_gpu.json and fingerprint_gpu.md under --out.
@@ -41,11 +42,10 @@ K, H = 3, 7168
 NS = (1, 16, 64, 256, 1024, 4096)
 DEV = torch.device("cuda")
 SWEEP = [KernelConfig(block_n=bn, block_h=bh, num_warps=w, waves=wv, prefetch=pf)
-         for bn, bh, w, wv, pf in ((16, 256, 8, 4, True), (16, 256, 8, 4, False), (8, 256, 4, 4, True),
-                                   (8, 512, 8, 4, True), (16, 512, 8, 4, True), (32, 256, 8, 4, True),
-                                   (32, 512, 16, 4, True), (16, 256, 4, 4, True), (4, 1024, 8, 4, True),
-                                   (16, 256, 8, 1, True), (16, 256, 8, 2, True), (16, 256, 8, 8, True),
-                                   (8, 256, 4, 8, True))]
+         for bn, bh, w, wv, pf in ((4, 1024, 4, 4, True), (8, 1024, 4, 4, True), (8, 1024, 4, 4, False),
+                                   (4, 1024, 4, 4, False), (2, 1024, 4, 4, True), (8, 512, 2, 4, True),
+                                   (4, 2048, 8, 4, True), (4, 1024, 4, 2, True), (4, 1024, 4, 8, True),
+                                   (8, 1024, 4, 2, True), (8, 1024, 4, 8, True), (4, 512, 2, 8, True))]
 
 
 def machine() -> dict:
@@ -121,7 +121,7 @@ def time_eager(fn: Callable[[int], None], nbuf: int, rounds: int = 3) -> float:
     for _ in range(rounds):
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(calls)]
-        torch.cuda._sleep(calls * 200_000)  # ~100 us of GPU time per call queued: the CPU stays ahead
+        torch.cuda._sleep(calls * 400_000)  # ~200 us of GPU time per call queued: the CPU stays ahead
         for i, (a, b) in enumerate(ev):
             a.record()
             fn(i % nbuf)
@@ -157,6 +157,10 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
         probe.observe(xs[i], step[0])
         probe.drain()
 
+    def observe_only(i: int) -> None:
+        step[0] += 1
+        probe.observe(xs[i], step[0])
+
     def kernel(i: int) -> None:
         fingerprint_fused(xs[i], ws)
 
@@ -171,7 +175,8 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
            "fused_graph_us": time_graph(kernel, nbuf), "fused_eager_us": time_eager(kernel, nbuf),
            "fused_pinned_eager_us": time_eager(kernel_pinned, nbuf),
            "probe_observe_eager_us": time_eager(observe, nbuf), "probe_digest_to_host": probe._direct,
-           "probe_observe_host_us": host_us(observe, nbuf),
+           "probe_observe_host_us": host_us(observe_only, nbuf),
+           "probe_observe_drain_host_us": host_us(observe, nbuf), "kernel_host_us": host_us(kernel, nbuf),
            "torch_ref_graph_us": time_graph(reference, nbuf),
            "torch_ref_eager_us": time_eager(reference, nbuf)}
     row["meets_target"] = max(row["fused_graph_us"], row["fused_eager_us"]) <= row["target_us"]
@@ -180,7 +185,7 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
 
 def sweep(bw: float, l2: int) -> list[dict]:
     rows = []
-    for n in (256, 1024, 4096):
+    for n in (1, 64, 256, 1024, 4096):
         xs = inputs(n, l2)
         for cfg in SWEEP:
             ws = FingerprintWorkspace(K, H, DEV, cfg)
@@ -199,14 +204,15 @@ def markdown(res: dict) -> str:
              f"K={K}, H={H}, bf16. Config {res['config']}. "
              "Method: benchmarks/fingerprint_gpu.py docstring.", "",
              "| N | MB read | floor µs | target µs | fused graph µs | fused eager µs "
-             "| probe.observe eager µs | observe host µs | torch ref graph µs | torch ref eager µs "
-             "| meets target |",
+             "| probe.observe eager µs | host µs: launch / observe / observe+drain | torch ref graph µs "
+             "| torch ref eager µs | meets target |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in res["rows"]:
         lines.append(f"| {r['N']} | {r['bytes'] / 1e6:.2f} | {r['floor_us']:.2f} | {r['target_us']:.1f} | "
                      f"{r['fused_graph_us']:.2f} | {r['fused_eager_us']:.2f} | "
                      f"{r['probe_observe_eager_us']:.2f} | "
-                     f"{r['probe_observe_host_us']:.1f} | {r['torch_ref_graph_us']:.1f} | "
+                     f"{r['kernel_host_us']:.0f} / {r['probe_observe_host_us']:.0f} / "
+                     f"{r['probe_observe_drain_host_us']:.0f} | {r['torch_ref_graph_us']:.1f} | "
                      f"{r['torch_ref_eager_us']:.1f} | {'yes' if r['meets_target'] else 'NO'} |")
     if res.get("sweep"):
         lines += ["", "Config sweep (graph µs per call):", "",

@@ -28,6 +28,9 @@ from hs_tracer.fingerprint.verify import (
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# The fast path adds NaN/Inf freely before falling back to the masked scan; numpy warns about that.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning")
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,17 @@ def test_kernel_default_config_at_deepseek_width(kernel, rng) -> None:
     gen, seed = rng
     _run_and_check(kernel, random_draft_input(gen, 2, 1, 7168, torch.bfloat16), 1, 7168,
                    kernel.DEFAULT_CONFIG, seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_fast_path_for_finite_rows(kernel, rng, dtype: str) -> None:
+    """All-finite programs skip the masking; a lone NaN sends only its program to the masked scan."""
+    gen, seed = rng
+    cfg = kernel.KernelConfig(block_n=4, block_h=32)
+    x = random_draft_input(gen, 40, 2, 64, DTYPES[dtype], nonfinite=False)
+    _run_and_check(kernel, x, 2, 64, cfg, seed, num_sms=8)
+    x[int(gen.integers(40)), int(gen.integers(128))] = float("nan")
+    _run_and_check(kernel, x, 2, 64, cfg, seed, num_sms=8)
 
 
 def test_kernel_strided_rows_and_repeat_launches(kernel, rng) -> None:

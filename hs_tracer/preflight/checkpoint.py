@@ -33,7 +33,6 @@ class Checkpoint:
     directory: Path
     files: list[Path]
     shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, str]
     _entries: dict[str, TensorEntry] = field(default_factory=dict, repr=False)
     _values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -87,13 +86,12 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
         raise CheckpointError(f"no *.safetensors, *.bin or *.pt weights in {directory}; SGLang would fail "
                               "with 'Cannot find any model weights'. Point --draft at the exported draft "
                               "directory (config.json + model.safetensors)")
-    ckpt = Checkpoint(directory=directory, files=files, shapes={}, dtypes={})
+    ckpt = Checkpoint(directory=directory, files=files, shapes={})
     for path in files:
         if path.suffix == ".safetensors":
             entries, _ = read_header(path)
             for name, entry in entries.items():
                 ckpt.shapes[name] = entry.shape
-                ckpt.dtypes[name] = entry.dtype
                 ckpt._entries[name] = entry
         else:
             _read_pickled(path, ckpt)
@@ -120,7 +118,6 @@ def _read_pickled(path: Path, ckpt: Checkpoint) -> None:
         if not isinstance(value, torch.Tensor):
             continue
         ckpt.shapes[name] = tuple(value.shape)
-        ckpt.dtypes[name] = str(value.dtype).replace("torch.", "")
         if ("d2t" in name or "t2d" in name) and value.numel() <= 16 * 1024 * 1024 \
                 and not value.is_floating_point():
             ckpt._values[name] = value.numpy().copy()

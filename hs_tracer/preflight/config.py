@@ -89,7 +89,6 @@ class DraftConfig:
     eagle_config: Any               # raw value: dict, None, or something SGLang cannot .get()
     nested_layer_ids: list[int] | None
     top_level_layer_ids: list[int] | None
-    use_aux_hidden_state: Any       # raw value from eagle_config, None when absent
     num_aux_hidden_states: int | None
     fc_bias: bool
 
@@ -159,8 +158,6 @@ def read_draft_config(path: str | Path) -> DraftConfig:
         eagle_config=eagle_config,
         nested_layer_ids=nested,
         top_level_layer_ids=_int_list(raw.get("eagle_aux_hidden_state_layer_ids")),
-        use_aux_hidden_state=eagle_config.get("use_aux_hidden_state") if isinstance(eagle_config, dict)
-        else None,
         num_aux_hidden_states=int(num_aux) if num_aux is not None else None,
         fc_bias=bool(raw.get("bias", False)),
     )

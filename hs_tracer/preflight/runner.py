@@ -148,8 +148,9 @@ def run_check(
             Code.DRAFT_FORMAT, Severity.INFO,
             "the weight-name check covers LlamaForCausalLMEagle3; Eagle3DeepseekV2ForCausalLM (Kimi MLA "
             "draft) weights were not checked (its loader warns on unexpected names itself)", ""))
-        d2t_keys = [k for k in ckpt.shapes if "d2t" in k]
-        t2d_keys = [k for k in ckpt.shapes if "t2d" in k and "d2t" not in k]
+        # kimi_k25_eagle3.py load_weights: name == "d2t" or name.endswith(".d2t") (same for t2d)
+        d2t_keys = [k for k in ckpt.shapes if k == "d2t" or k.endswith(".d2t")]
+        t2d_keys = [k for k in ckpt.shapes if k == "t2d" or k.endswith(".t2d")]
     else:
         weight_findings, plan = check_weights(draft, ckpt)
         findings += weight_findings

@@ -165,6 +165,15 @@ def test_bin_draft_read_with_weights_only(tmp_path: Path, target: Path) -> None:
     assert res.summary["draft"]["weight_files"] == ["pytorch_model.bin"]
 
 
+def test_legacy_torch_save_format_is_read(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    torch.save({"d2t": torch.zeros(4, dtype=torch.int64), "fc.weight": torch.zeros(2, 6)},
+               d / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    ckpt = read_checkpoint(d)
+    assert ckpt.shapes == {"d2t": (4,), "fc.weight": (2, 6)} and ckpt.load_small("d2t").tolist() == [0] * 4
+
+
 def test_pickled_objects_are_refused(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir()

@@ -103,7 +103,12 @@ def _read_pickled(path: Path, ckpt: Checkpoint) -> None:
     import torch
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:  # mmap keeps multi-GB drafts out of memory; legacy (non-zip) files cannot be mapped
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unpickling refusal or corruption: same advice
         raise CheckpointError(
             f"{path} cannot be read with torch.load(weights_only=True) ({type(exc).__name__}: {exc}); "

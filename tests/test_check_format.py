@@ -101,3 +101,22 @@ def test_target_hidden_size_null(tmp_path: Path, target: Path) -> None:
 def test_tied_head_with_reduced_vocab(tmp_path: Path, target: Path) -> None:
     bad = specforge_draft(tmp_path / "bad", layer_ids=[1, 3, 4], config_extra={"tie_word_embeddings": True})
     assert any("tie_word_embeddings" in f.message for f in run_check(bad, target).report.findings)
+
+
+def test_known_draft_architectures_match_installed_sglang() -> None:
+    """The architecture lists in preflight/config.py are SGLang 0.5.23's registered EAGLE draft classes."""
+    import importlib.util
+    import re
+
+    from hs_tracer.preflight.config import SGLANG_EAGLE3_DRAFT_ARCHS, SGLANG_EAGLE_DRAFT_ARCHS
+
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations
+    models = Path(next(iter(spec.submodule_search_locations))) / "srt" / "models"
+    registered: set[str] = set()
+    for path in models.glob("*.py"):
+        for m in re.finditer(r"^EntryClass\s*=\s*\[?([^\]\n]*)", path.read_text(), re.M):
+            registered |= {n.strip() for n in m.group(1).split(",") if n.strip()}
+    eagle = {n for n in registered if "Eagle" in n}
+    assert {n for n in eagle if "Eagle3" in n} == SGLANG_EAGLE3_DRAFT_ARCHS
+    assert {n for n in eagle if "Eagle3" not in n} == SGLANG_EAGLE_DRAFT_ARCHS

@@ -12,6 +12,8 @@ needs ``PROMETHEUS_MULTIPROC_DIR`` before prometheus_client is imported, so it r
 process of the same invocation.
 
 Run from the repository root:  .venv/bin/python benchmarks/export_overhead.py [--steps N] [--rounds R]
+With ``--sglang-events`` it measures instead the per-request events hs_tracer adds to SGLang's own
+request traces when SGLang tracing is on (real ``TraceReqContext`` objects; imports SGLang).
 """
 
 from __future__ import annotations
@@ -114,12 +116,49 @@ def main_multiprocess_child(steps: int, rounds: int) -> None:
     print(json.dumps({"prometheus_multiprocess": cpu}))
 
 
+def main_sglang_events(steps: int, rounds: int) -> None:
+    """Per-request events on SGLang's real request traces (only when SGLang tracing is on): 32
+    traced requests, each a scheduler-side copy of a tokenizer-side context, as SGLang ships them."""
+    import pickle
+
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    from sglang.srt.observability import trace as sgl_trace
+
+    from hs_tracer.export.otel import attach_step_events
+
+    sgl_trace.process_tracing_init("http://127.0.0.1:9/v1/traces", "bench")  # never flushed here
+    sgl_trace.trace_set_thread_info("scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
+    contexts = []
+    for i in range(BATCH):
+        ctx = sgl_trace.TraceReqContext(f"rid-{i}")
+        ctx.trace_req_start()
+        sched = pickle.loads(pickle.dumps(ctx))
+        sched.rebuild_thread_context()
+        sched.trace_slice_start("decode", level=1)
+        contexts.append(sched)
+    recs = fixed_batch(records(steps))
+
+    def step(r: StepRecord) -> None:
+        attach_step_events(r, contexts)
+        for ctx in contexts:  # SGLang's per-step decode_loop slice takes the buffered events away
+            ctx.events_cache.clear()
+
+    cpu = [measure(step, recs, lambda: None)[0] for _ in range(rounds)]
+    print(json.dumps({"sglang_events": cpu}), flush=True)
+    os._exit(0)  # skip SGLang's exit-time span export to the closed port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per round and variant")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--multiprocess-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sglang-events", action="store_true",
+                        help="instead: cost of per-request events on SGLang request traces (imports SGLang)")
     args = parser.parse_args()
+    if args.sglang_events:
+        main_sglang_events(args.steps, args.rounds)
+        return
     if args.multiprocess_child:
         main_multiprocess_child(args.steps, args.rounds)
         return

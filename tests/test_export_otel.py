@@ -195,6 +195,7 @@ def test_sglang_request_trace_gets_events_and_links(otlp_receiver: OtlpReceiver)
     assert len(events) == 1  # the untraced request got none
     attrs = events[0].attributes
     assert (attrs["hs_tracer.accept_length"], attrs["hs_tracer.step"]) == (3, 7)
+    assert attrs["hs_tracer.step_time_unix_ns"] == span.start_unix_ns
     assert attrs["hs_tracer.step_span_id"] == span.span_id
     assert attrs["hs_tracer.step_trace_id"] == span.trace_id
 

@@ -54,8 +54,9 @@ SCOPE_NAME = "hs_tracer"
 DEFAULT_SPAN_SAMPLE = 0.01
 """Fraction of verify steps exported as spans (``HS_TRACER_SPAN_SAMPLE``); see the benchmark."""
 
-EVENT_LEVEL = 2
-"""SGLang trace level of hs_tracer's request events: the level of SGLang's own spec stages."""
+EVENT_LEVEL = 3
+"""SGLang trace level of hs_tracer's request events: the level of SGLang's own per-step detail
+(its ``schedule`` event and ``decode_loop`` slices, which are what files the events away)."""
 
 MAX_LINKS = 32
 """Request traces linked from one step span (OTel's default link limit is 128)."""
@@ -84,14 +85,18 @@ def attach_step_events(rec: StepRecord, trace_ctxs: Sequence[Any], *, level: int
     """Add one ``hs_tracer.verify`` event per traced request to its SGLang request trace.
 
     ``trace_ctxs[i]`` is ``req.time_stats.trace_ctx`` of the request whose accept length is
-    ``rec.accept_lengths[i]``. SGLang files the event under the request slice covering the step's
-    timestamp, or under the request's scheduler span once that slice has ended. Call it from the
-    recorder thread: SGLang's ``trace_event`` only appends to the context's buffer.
+    ``rec.accept_lengths[i]``. The event is stamped with the time of this call, not of the step
+    (which is the ``hs_tracer.step_time_unix_ns`` attribute): SGLang buffers an event until a slice
+    covering its timestamp ends, and the step's own ``decode_loop`` slice has usually ended by the
+    time the recorder gets here, so a step-time stamp would sit in the buffer for the rest of the
+    request and be cut by the span event limit. Stamped now, it lands in the request's next slice.
+    Call it from the recorder thread: SGLang's ``trace_event`` only appends to the context's buffer.
     Returns the number of events attached.
     """
     attached = 0
     common: dict[str, Any] = {
         "hs_tracer.step": rec.step,
+        "hs_tracer.step_time_unix_ns": rec.time_unix_ns,
         "hs_tracer.num_draft_tokens": rec.num_draft_tokens,
         "hs_tracer.tp_rank": rec.ranks.tp,
     }
@@ -109,7 +114,7 @@ def attach_step_events(rec: StepRecord, trace_ctxs: Sequence[Any], *, level: int
         attrs = dict(common)
         if i < len(rec.accept_lengths):
             attrs["hs_tracer.accept_length"] = rec.accept_lengths[i]
-        ctx.trace_event(EVENT_NAME, level, ts=rec.time_unix_ns, attrs=attrs)
+        ctx.trace_event(EVENT_NAME, level, attrs=attrs)
         attached += 1
     return attached
 

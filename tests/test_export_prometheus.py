@@ -23,6 +23,7 @@ from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, StepDigest
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
 from tests.infra.mp_writer import write_steps
+from tests.infra.net import wait_until
 from tests.infra.prom import PrometheusServer
 from tests.infra.steps import make_steps
 
@@ -356,3 +357,13 @@ def test_steps_reach_the_metrics_at_flush() -> None:
         assert lazy.registry.get_sample_value(name, labels) == eager.registry.get_sample_value(name, labels)
     assert lazy.registry.get_sample_value("hs_tracer_last_step_timestamp_seconds", labels) == \
         records[-1].time_unix_ns / 1e9
+
+
+def test_pending_steps_reach_the_metrics_when_the_recorder_goes_quiet() -> None:
+    labels = {"model": MODEL, **Ranks().labels()}
+    e = PrometheusExporter(MODEL, Ranks(), serve=False, flush_interval_s=0.05)
+    for rec in make_steps(3, seed=8):
+        e.record_step(rec)  # no flush() call: the idle flusher must push them
+    wait_until(lambda: e.registry.get_sample_value("hs_tracer_verify_steps_total", labels) == 3, 30,
+               "the idle flush")
+    e.close()

@@ -239,6 +239,11 @@ class PrometheusExporter:
 
         if serve and not self.multiprocess:
             self._start_server(metrics_port_for(ranks) if port is None else port)
+        # Pushes summed steps out when the recorder goes quiet, so the last steps always show.
+        self._closed = threading.Event()
+        if 0 < flush_interval_s < threading.TIMEOUT_MAX:
+            threading.Thread(target=self._flush_when_idle, name="hs_tracer-metrics-flush",
+                             daemon=True).start()
 
     # --- serving ------------------------------------------------------------------------------------
 
@@ -259,7 +264,8 @@ class PrometheusExporter:
         logger.info("hs_tracer: metrics on http://%s:%d/metrics", addr, self.port)
 
     def close(self) -> None:
-        """Flush, then stop hs_tracer's own HTTP server, if one runs."""
+        """Flush, then stop the idle flusher and hs_tracer's own HTTP server, if one runs."""
+        self._closed.set()
         self.flush()
         if self._server is not None:
             self._server.shutdown()
@@ -285,7 +291,8 @@ class PrometheusExporter:
 
         Steps are summed in plain Python and pushed to the metrics at most every
         ``flush_interval_s`` (a scrape is seconds apart; a metric update costs ~1-2 µs, a sum
-        ~0.1 µs). Call :meth:`flush` when the recorder goes idle so the last steps show too.
+        ~0.1 µs); when no step comes, a small daemon thread pushes what is pending after the same
+        interval. :meth:`flush` pushes at once.
         """
         p = self._pending
         with self._lock:
@@ -309,6 +316,13 @@ class PrometheusExporter:
         """Push the steps summed since the last flush to the metrics."""
         with self._lock:
             self._flush_locked(time.monotonic())
+
+    def _flush_when_idle(self) -> None:
+        while not self._closed.wait(self.flush_interval_s):
+            with self._lock:
+                now = time.monotonic()
+                if self._pending.steps and now - self._last_flush >= self.flush_interval_s:
+                    self._flush_locked(now)
 
     def _flush_locked(self, now: float) -> None:
         p, self._pending = self._pending, _PendingSteps()

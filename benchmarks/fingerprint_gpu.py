@@ -42,10 +42,10 @@ K, H = 3, 7168
 NS = (1, 16, 64, 256, 1024, 4096)
 DEV = torch.device("cuda")
 SWEEP = [KernelConfig(block_n=bn, block_h=bh, num_warps=w, waves=wv, prefetch=pf)
-         for bn, bh, w, wv, pf in ((4, 1024, 4, 4, True), (8, 1024, 4, 4, True), (8, 1024, 4, 4, False),
-                                   (4, 1024, 4, 4, False), (2, 1024, 4, 4, True), (8, 512, 2, 4, True),
-                                   (4, 2048, 8, 4, True), (4, 1024, 4, 2, True), (4, 1024, 4, 8, True),
-                                   (8, 1024, 4, 2, True), (8, 1024, 4, 8, True), (4, 512, 2, 8, True))]
+         for bn, bh, w, wv, pf in ((8, 1024, 4, 2, True), (8, 1024, 4, 1, True), (8, 1024, 4, 3, True),
+                                   (8, 1024, 4, 2, False), (4, 1024, 4, 2, True), (4, 1024, 4, 3, True),
+                                   (8, 512, 2, 2, True), (8, 512, 2, 4, True), (8, 2048, 8, 2, True),
+                                   (8, 1024, 4, 4, True))]
 
 
 def machine() -> dict:

@@ -125,6 +125,17 @@ def test_deepseek_first_id_rule() -> None:
     assert check_layer_ids(kimi([1, 29, 57])) == []
 
 
+def test_profile_settles_maybe_warnings() -> None:
+    """Warnings that only say 'these may not be the trained layers' become info when the profile agrees."""
+    ds = check_wiring(kimi([2, 30, 58]), ["block:1", "block:29", "block:57"])
+    assert [f.severity for f in ds if f.code is Code.LAYER_ID_CONVENTION] == [Severity.INFO]
+    none = check_wiring(llama(None), src.to_sources(None, src.Convention.SPECFORGE, 32))
+    assert [f.severity for f in none] == [Severity.INFO]
+    # ...but stay warnings when the profile disagrees (and the slots are then critical)
+    bad = check_wiring(kimi([2, 30, 58]), ["block:2", "block:30", "block:58"])
+    assert Severity.WARNING in [f.severity for f in bad] and Severity.CRITICAL in [f.severity for f in bad]
+
+
 def test_against_training_per_slot() -> None:
     # trained with SpecForge (+1 always) on [2,30,58] -> blocks 2, 30, 58; served on 0.5.23 -> 1, 29, 57
     trained = src.to_sources([2, 30, 58], src.Convention.SPECFORGE, 61)

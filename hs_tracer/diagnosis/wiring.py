@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hs_tracer import sources as src
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
@@ -168,7 +168,7 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
             "1.2% instead of 59%)",
             "write the training layer ids into eagle_config.eagle_aux_hidden_state_layer_ids, or compare "
             "with the training profile (--profile)",
-            observed=_fmt(default))]
+            observed=_fmt(default), details={"confirmable": True})]
     if w.ids_location is IdsLocation.BOTH and w.top_level_layer_ids != w.engine_layer_ids:
         return [Finding(
             Code.LAYER_IDS_IGNORED, Severity.WARNING,
@@ -232,7 +232,7 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             f"as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, +1 always) fed "
             f"{_fmt(llama_rule)} for the same config (sglang PR #25454)",
             "confirm which layers the draft was trained on (--profile); rewrite the ids so both sides agree",
-            observed=_fmt(cap.sources), details=details))
+            observed=_fmt(cap.sources), details={**details, "confirmable": True}))
     return findings
 
 
@@ -342,6 +342,12 @@ def check_wiring(w: Wiring, trained_sources: Sequence[str] | None = None) -> lis
     findings += check_layer_id_location(w)
     findings += check_layer_ids(w)
     if trained_sources is not None:
-        findings += check_against_training(w, trained_sources)
+        against = check_against_training(w, trained_sources)
+        if not against and w.aux_enabled:
+            # the profile shows the engine feeds the trained layers: "maybe wrong" warnings are settled
+            settled = " The training profile confirms these are the layers the draft was trained on."
+            findings = [replace(f, severity=Severity.INFO, fix="", message=f.message + settled)
+                        if f.details.get("confirmable") else f for f in findings]
+        findings += against
     findings += check_widths(w)
     return findings

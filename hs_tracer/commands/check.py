@@ -78,7 +78,10 @@ def human(result) -> str:
         f"({e['spec_args_method']})",
     ]
     if s.get("trained_sources") is not None:
-        lines.append(f"trained on: {s['trained_sources']}")
+        prov = s.get("profile") or {}
+        origin = (f" (profile: {prov.get('producer')} data, ids {prov.get('layer_ids')} in the "
+                  f"{prov.get('convention')} convention)") if prov else ""
+        lines.append(f"trained on: {s['trained_sources']}{origin}")
     lines.append(result.report.human())
     return "\n".join(lines)
 

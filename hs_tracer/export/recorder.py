@@ -90,13 +90,18 @@ class Recorder(threading.Thread):
                     last_report = now
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)
+        finally:
+            if self._prom is not None:
+                self._prom.close()
+            if self._otel is not None:
+                self._otel.shutdown(timeout_s=2)
 
     def stop(self) -> None:
         self._stop.set()
 
     def _setup(self) -> None:
         from hs_tracer.export.otel import OtelExporter
-        from hs_tracer.export.prometheus import PrometheusExporter
+        from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
 
         st, wiring = self.st, self.st.wiring
         assert wiring is not None and st.ranks is not None
@@ -106,7 +111,8 @@ class Recorder(threading.Thread):
             from hs_tracer.profile.model import Profile
 
             self.profile = Profile.load(st.config.profile)
-        self._prom = PrometheusExporter(wiring.model, st.ranks, port=st.config.metrics_port)
+        self._prom = PrometheusExporter(wiring.model, st.ranks,
+                                        port=metrics_port_for(st.ranks, st.config.metrics_port))
         self._prom.record_wiring(wiring)
         for f in st.static_findings:
             self._prom.record_finding(f)
@@ -165,7 +171,7 @@ class Recorder(threading.Thread):
     def _export_health(self) -> None:
         st = self.st
         self._prom.record_health(dropped=st.dropped, hook_errors=st.hook_errors, enabled=st.enabled,
-                                 host_overhead_s=st.host_overhead_s)
+                                 host_overhead_s=st.host_overhead_s, spans_dropped=self._otel.dropped)
 
     # ---- report ------------------------------------------------------------------------------------
     def report_json(self) -> dict[str, Any]:

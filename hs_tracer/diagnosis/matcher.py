@@ -80,7 +80,13 @@ class Candidates:
 
     def __post_init__(self) -> None:
         if self.gap is None:
-            d = divergence(self.mean, self.var, self.mean, self.var, self.floor)
+            # row by row: a [C, C, H] temporary would be ~0.2 GB per array for 63 candidates at H=7168
+            d = np.stack(
+                [
+                    divergence(self.mean[i : i + 1], self.var[i : i + 1], self.mean, self.var, self.floor)[0]
+                    for i in range(len(self.names))
+                ]
+            )
             np.fill_diagonal(d, np.inf)
             self.gap = d.min(axis=1) if len(self.names) > 1 else np.full(len(self.names), np.inf)
 

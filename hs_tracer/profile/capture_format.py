@@ -112,26 +112,30 @@ class CaptureWriter:
 
     def write(
         self,
-        features: np.ndarray,
-        input_ids: np.ndarray | None = None,
-        positions: np.ndarray | None = None,
+        features,
+        input_ids=None,
+        positions=None,
         accept_lengths: Sequence[int] | None = None,
     ) -> Path:
-        from safetensors.numpy import save
+        """One shard: ``features`` [N, width] (torch tensor of any float dtype, e.g. bf16, or numpy)."""
+        import torch
+        from safetensors.torch import save
 
-        features = np.ascontiguousarray(features)
-        if features.ndim != 2:
-            raise ValueError(f"features must be [N, width], got {features.shape}")
-        n = features.shape[0]
-        tensors = {"features": features}
-        tensors["input_ids"] = np.asarray(input_ids if input_ids is not None else np.full(n, -1), np.int64)
-        tensors["positions"] = np.asarray(positions if positions is not None else np.full(n, -1), np.int64)
+        feats = torch.as_tensor(features).detach().to("cpu").contiguous()
+        if feats.dim() != 2:
+            raise ValueError(f"features must be [N, width], got {tuple(feats.shape)}")
+        n = feats.shape[0]
+
+        def ints(v) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(v if v is not None else np.full(n, -1)), dtype=torch.int64)
+
+        tensors = {"features": feats, "input_ids": ints(input_ids), "positions": ints(positions)}
         if accept_lengths is not None:
-            tensors["accept_lengths"] = np.asarray(accept_lengths, np.int64)
+            tensors["accept_lengths"] = ints(accept_lengths)
         name = f"capture_{len(self.manifest.shards):05d}.safetensors"
         _write_private(self.path / name, save(tensors))
         self.manifest.shards.append({"file": name, "tokens": n})
-        self.manifest.dtype = str(features.dtype)
+        self.manifest.dtype = str(feats.dtype).replace("torch.", "")
         _write_private(self.path / MANIFEST, json.dumps(self.manifest.to_json(), indent=2).encode())
         return self.path / name
 

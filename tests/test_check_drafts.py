@@ -202,3 +202,30 @@ def test_clean_specforge_draft_passes(tmp_path: Path, ids: list[int] | None) -> 
     else:
         assert problems(result) == []
         assert result.report.exit_code == 0 and result.report.status == "ok"
+
+
+def sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], bytes | None]]) -> Path:
+    """A safetensors file at real model size without the disk: the header is exact, tensors given as
+    None are a sparse hole of the right length (the preflight must never read them)."""
+    import struct
+
+    itemsize = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "BOOL": 1}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, shape, _) in tensors.items():
+        n = int(np.prod(shape)) * itemsize[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        start = fh.tell()
+        for name, (_, _, data) in tensors.items():
+            begin, end = header[name]["data_offsets"]
+            if data is not None:
+                assert len(data) == end - begin, name
+                fh.seek(start + begin)
+                fh.write(data)
+        fh.truncate(start + offset)
+    return path

@@ -15,7 +15,9 @@ from hs_tracer.diagnosis.wiring import (
     check_widths,
     check_wiring,
     ids_for_sources,
+    ids_location,
     wiring_from_record,
+    with_draft_config,
 )
 from hs_tracer.records import WiringRecord
 
@@ -230,3 +232,24 @@ def test_live_record_reuse() -> None:
         spec_args={"speculative_algorithm": "EAGLE"},
     )
     assert sev(check_wiring(wiring_from_record(eagle)), Code.DRAFT_INPUT_WIDTH_MISMATCH) == ["critical"]
+
+
+def test_ids_location_from_a_draft_config() -> None:
+    assert ids_location({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}) == (
+        IdsLocation.NESTED,
+        None,
+        True,
+    )
+    assert ids_location({"eagle_config": {"eagle_aux_hidden_state_layer_ids": None}}) == (
+        IdsLocation.NONE,
+        None,
+        True,
+    )  # null = absent: SGLang uses its default
+    assert ids_location({"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}) == (
+        IdsLocation.TOP_LEVEL,
+        [2, 16, 29],
+        True,
+    )
+    assert ids_location({"eagle_config": "x", "eagle_aux_hidden_state_layer_ids": [2]})[2] is False
+    w = with_draft_config(llama(None), {"eagle_aux_hidden_state_layer_ids": [3, 17, 30]})
+    assert sev(check_layer_id_location(w), Code.LAYER_IDS_IGNORED) == ["critical"]

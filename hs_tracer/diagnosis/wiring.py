@@ -15,8 +15,9 @@ without an error.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hs_tracer import sources as src
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
@@ -99,6 +100,30 @@ def wiring_from_record(record: WiringRecord, *, eagle3_draft: bool = True) -> Wi
         graph_width=record.draft_graph_width,
         layers_to_capture=list(record.layers_to_capture) if record.layers_to_capture else None,
     )
+
+
+def ids_location(draft_config: Mapping[str, Any]) -> tuple[IdsLocation, list[int] | None, bool]:
+    """Where a draft config.json keeps its ids: (location, top-level ids, eagle_config readable).
+
+    A nested ``null`` counts as absent: SGLang then captures its default.
+    """
+    eagle = draft_config.get("eagle_config")
+    nested = isinstance(eagle, dict) and eagle.get("eagle_aux_hidden_state_layer_ids") is not None
+    top = draft_config.get("eagle_aux_hidden_state_layer_ids")
+    top_ids = [int(v) for v in top] if isinstance(top, (list, tuple)) else None
+    if nested and top_ids is not None:
+        location = IdsLocation.BOTH
+    elif nested:
+        location = IdsLocation.NESTED
+    else:
+        location = IdsLocation.TOP_LEVEL if top_ids is not None else IdsLocation.NONE
+    return location, top_ids, eagle is None or isinstance(eagle, dict)
+
+
+def with_draft_config(w: Wiring, draft_config: Mapping[str, Any]) -> Wiring:
+    """Add what only the draft's config.json tells (for the live plugin, which reads it at startup)."""
+    location, top_ids, readable = ids_location(draft_config)
+    return replace(w, ids_location=location, top_level_layer_ids=top_ids, eagle_config_is_dict=readable)
 
 
 def _fmt(sources: Sequence[str]) -> str:

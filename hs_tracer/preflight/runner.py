@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hs_tracer.diagnosis.findings import Code, Finding, Report, Severity, SlotVerdict
-from hs_tracer.diagnosis.wiring import IdsLocation, Wiring, capture, check_wiring
+from hs_tracer.diagnosis.wiring import Wiring, capture, check_wiring, ids_location
 from hs_tracer.preflight.checkpoint import Checkpoint, read_checkpoint
 from hs_tracer.preflight.config import (
     DraftConfig,
@@ -32,16 +32,6 @@ class CheckResult:
 
     report: Report
     summary: dict[str, Any] = field(default_factory=dict)
-
-
-def ids_location(draft: DraftConfig) -> IdsLocation:
-    nested = draft.nested_layer_ids is not None
-    top = draft.top_level_layer_ids is not None
-    if nested and top:
-        return IdsLocation.BOTH
-    if nested:
-        return IdsLocation.NESTED
-    return IdsLocation.TOP_LEVEL if top else IdsLocation.NONE
 
 
 def engine_use_aux(draft: DraftConfig) -> bool:
@@ -72,14 +62,15 @@ def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | No
                 fc_in = shape[1]
     if fc_in is None:
         fc_in = (fc_input_hidden(draft) or draft.hidden_size) * num_aux_states(draft)
+    location, top_ids, readable = ids_location(draft.raw)
     return Wiring(
         target_arch=target.arch,
         num_layers=target.num_hidden_layers,
         target_hidden_size=target.hidden_size,
         engine_layer_ids=draft.nested_layer_ids,
-        ids_location=ids_location(draft),
-        top_level_layer_ids=draft.top_level_layer_ids,
-        eagle_config_is_dict=draft.eagle_config is None or isinstance(draft.eagle_config, dict),
+        ids_location=location,
+        top_level_layer_ids=top_ids,
+        eagle_config_is_dict=readable,
         use_aux_hidden_state=engine_use_aux(draft),
         spec_algorithm=algorithm,
         draft_is_eagle3=draft.format in (DraftFormat.SGLANG, DraftFormat.SPECULATORS, DraftFormat.EAGLE),

@@ -70,10 +70,9 @@ def _run_and_check(kernel: ModuleType, x: torch.Tensor, k: int, h: int, cfg, see
 def test_kernel_matches_float64_numpy(kernel, rng, dtype: str) -> None:
     gen, seed = rng
     small = kernel.KernelConfig(block_n=4, block_h=32, block_p=8)  # many programs, looped reduction
-    plain = kernel.KernelConfig(block_n=4, block_h=32, prefetch=0)
-    deep = kernel.KernelConfig(block_n=2, block_h=32, prefetch=2)
+    plain = kernel.KernelConfig(block_n=4, block_h=32, prefetch=False)
     for n, k, h, cfg in [(1, 1, 64, kernel.DEFAULT_CONFIG), (3, 4, 64, small), (50, 2, 64, small),
-                         (29, 2, 40, plain), (23, 2, 64, deep),
+                         (29, 2, 40, plain),
                          (37, 3, 48, kernel.DEFAULT_CONFIG), (2, 3, 7168, kernel.KernelConfig(block_h=1024))]:
         _run_and_check(kernel, random_draft_input(gen, n, k, h, DTYPES[dtype]), k, h, cfg, seed)
 

@@ -35,8 +35,8 @@ _PARTIAL_WIDTH = 4  # sum, sumsq, absmax, nonfinite
 @dataclass(frozen=True)
 class KernelConfig:
     """Tile shape and grid size. ``waves``: programs aimed for per multiprocessor; ``block_p``:
-    partials the final program reduces per loop step; ``prefetch``: row tiles loaded ahead of the
-    one being reduced (0, 1 or 2)."""
+    partials the final program reduces per loop step; ``prefetch``: load the next row tile before
+    reducing the current one."""
 
     block_n: int = 8
     block_h: int = 1024  # 8 bf16 per thread x 32 lanes x num_warps: rows reduce inside a thread
@@ -44,7 +44,7 @@ class KernelConfig:
     waves: int = 2
     max_chunks: int = 64
     block_p: int = 128
-    prefetch: int = 1
+    prefetch: bool = True
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -64,28 +64,20 @@ def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
     acc_m = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_bad = tl.zeros([BLOCK_H], dtype=tl.int32)
     row_ids = tl.arange(0, BLOCK_N)
-    # PREFETCH row tiles are loaded ahead of the one being reduced (0, 1 or 2): more bytes in flight.
-    if PREFETCH >= 1:
+    if PREFETCH:  # the next tile's load is issued before this tile is reduced: twice the bytes in flight
         rows = row_start + row_ids
         m = (rows < row_end)[:, None] & col_ok[None, :]
-        nxt1 = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
-    if PREFETCH >= 2:
-        rows = row_start + BLOCK_N + row_ids
-        m = (rows < row_end)[:, None] & col_ok[None, :]
-        nxt2 = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
+        nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
     for r0 in range(row_start, row_end, BLOCK_N):
-        rows = r0 + PREFETCH * BLOCK_N + row_ids
-        m = (rows < row_end)[:, None] & col_ok[None, :]
-        tile = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
-        if PREFETCH == 2:
-            cur = nxt1
-            nxt1 = nxt2
-            nxt2 = tile
-        elif PREFETCH == 1:
-            cur = nxt1
-            nxt1 = tile
+        if PREFETCH:
+            cur = nxt
+            rows = r0 + BLOCK_N + row_ids
+            m = (rows < row_end)[:, None] & col_ok[None, :]
+            nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
         else:
-            cur = tile
+            rows = r0 + row_ids
+            m = (rows < row_end)[:, None] & col_ok[None, :]
+            cur = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
         v = cur.to(tl.float32)
         if MASKED:
             ok = tl.abs(v) < float("inf")  # false for +-inf and NaN; masked lanes load 0 (finite)

@@ -50,7 +50,8 @@ class TargetRecipe:
     rope_theta: float = 10000.0
     seed: int = 0
     train_steps: int = 600
-    batch_size: int = 32
+    batch_size: int = 16
+    seq_len: int = 64
     lr: float = 3e-3
     train_docs: int = 4000
     other_docs: int = 300
@@ -230,17 +231,18 @@ def training_sequences(recipe: TargetRecipe) -> list[list[int]]:
     return encode(docs)
 
 
-def _batches(seqs: list[list[int]], batch: int, steps: int, seed: int) -> Iterator[torch.Tensor]:
+def _batches(seqs: list[list[int]], batch: int, width: int, steps: int, seed: int) -> Iterator[torch.Tensor]:
+    """Rows of ``width`` tokens cut from the shuffled, concatenated documents (no padding waste)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
+    stream: list[int] = []
     for _ in range(steps):
-        idx = torch.randint(len(seqs), (batch,), generator=g).tolist()
-        width = max(len(seqs[i]) for i in idx)
-        out = torch.full((batch, width), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(idx):
-            out[row, : len(seqs[i])] = torch.tensor(seqs[i])
-        yield out
+        while len(stream) < batch * width:
+            for i in torch.randperm(len(seqs), generator=g).tolist():
+                stream.extend(seqs[i])
+        rows, stream = stream[: batch * width], stream[batch * width :]
+        yield torch.tensor(rows, dtype=torch.long).view(batch, width)
 
 
 def train(model: DeepseekV3ForCausalLM, recipe: TargetRecipe, progress: bool = True) -> list[float]:
@@ -261,19 +263,17 @@ def train(model: DeepseekV3ForCausalLM, recipe: TargetRecipe, progress: bool = T
     model.train()
     losses: list[float] = []
     bar = tqdm(
-        _batches(seqs, recipe.batch_size, recipe.train_steps, recipe.seed),
+        _batches(seqs, recipe.batch_size, recipe.seq_len, recipe.train_steps, recipe.seed),
         total=recipe.train_steps, desc="train target", disable=not progress,
     )  # fmt: skip
     for ids in bar:
-        mask = (ids != PAD_ID).long()
-        labels = ids.masked_fill(mask == 0, -100)
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        out = model(input_ids=ids, labels=ids)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(out.loss))
+        losses.append(out.loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses

@@ -78,7 +78,7 @@ def _step_traces_link(title: str = "Sampled verify-step traces of this series") 
 
 def _timeseries(title: str, description: str, unit: str, targets: list[prom_b.Dataquery], *,
                 span: int = 12, height: int = 8, min_val: float | None = None,
-                max_val: float | None = None, bars: bool = False, step: bool = False,
+                max_val: float | None = None, step: bool = False,
                 trace_links: bool = False) -> timeseries.Panel:
     p = (timeseries.Panel().title(title).description(description).datasource(PROM).unit(unit)
          .span(span).height(height)
@@ -90,8 +90,6 @@ def _timeseries(title: str, description: str, unit: str, targets: list[prom_b.Da
         p = p.min(min_val)
     if max_val is not None:
         p = p.max(max_val)
-    if bars:
-        p = p.draw_style(common_m.GraphDrawStyle.BARS).fill_opacity(60)
     if step:
         p = p.line_interpolation(common_m.LineInterpolation.STEP_AFTER)
     if trace_links:
@@ -260,10 +258,11 @@ def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
                              fmt=prom_m.PromQueryFormat.TABLE))
         .with_transformation(_organize(["Time"], {"Value": "count"})))
     d = d.with_panel(_timeseries(
-        "Findings raised", "New findings per interval, by code and severity.", "short",
-        [_target(f"sum by (model, code, severity) "
-                 f"(increase({q.sel('hs_tracer_findings_total')}[{q.RATE_WINDOW}]))",
-                 "{{model}} {{severity}} {{code}}")], min_val=0, bars=True))
+        "Findings over time", "Findings raised since each process started, by code and severity; a "
+        "step up is a new finding. (Cumulative on purpose: findings raised at startup, before the first "
+        "scrape, would be invisible to increase().)", "short",
+        [_target(f"sum by (model, code, severity) ({q.sel('hs_tracer_findings_total')})",
+                 "{{model}} {{severity}} {{code}}")], min_val=0, step=True))
     return d
 
 

@@ -19,11 +19,15 @@ DASHBOARD_CONFIGMAP = "deploy/kubernetes/grafana-dashboard-configmap.yaml"
 
 def generated_files() -> dict[str, str]:
     """Repository-relative path -> exact file content of every generated file."""
-    from hs_tracer.dashboards import manifests, overview
+    import json
+
+    from hs_tracer.dashboards import lint, manifests, overview
 
     dashboard = overview.render()
+    exclusions = {rule: dict(panels) for rule, panels in lint.OVERVIEW_EXCLUSIONS.items()}
     return {
         f"{DASHBOARD_DIR}/{overview.FILENAME}": dashboard,
+        f"{DASHBOARD_DIR}/.lint": manifests.lint_config(json.loads(dashboard)["title"], exclusions),
         RULES_FILE: manifests.rules_file(),
         PROMETHEUS_RULE: manifests.prometheus_rule(),
         DASHBOARD_CONFIGMAP: manifests.dashboard_configmap({overview.FILENAME: dashboard}),

@@ -49,6 +49,15 @@ def prometheus_rule() -> str:
     })
 
 
+def lint_config(dashboard_title: str, exclusions: dict[str, dict[str, str]]) -> str:
+    """grafana/dashboards/.lint: the same exclusions, in dashboard-linter's own format, so that
+    ``dashboard-linter lint`` run on the JSON agrees with :mod:`hs_tracer.dashboards.lint`."""
+    return HEADER + dump({"exclusions": {
+        rule: {"entries": [{"dashboard": dashboard_title, "panel": panel, "reason": reason}
+                           for panel, reason in panels.items()]}
+        for rule, panels in exclusions.items()}})
+
+
 def dashboard_configmap(dashboards: dict[str, str]) -> str:
     """A ConfigMap with the dashboards, labelled for Grafana's dashboard sidecar (``grafana_dashboard``)."""
     return HEADER + dump({

@@ -267,6 +267,13 @@ def test_trace_links_open_the_step_spans_in_the_templated_tempo_datasource() -> 
     per_series = [u for u in links if "__field.labels.model" in u]
     assert per_series and all("span.hs_tracer.model" in _explore_panes(u)["traces"]["queries"][0]["query"]
                               for u in per_series)
+    # every span attribute the links filter on is one hs_tracer's exporter sets
+    import hs_tracer.export.otel as otel
+
+    source = Path(otel.__file__).read_text()
+    for url in per_series:
+        for attr in re.findall(r"span\.([\w.]+)", _explore_panes(url)["traces"]["queries"][0]["query"]):
+            assert f'"{attr}"' in source, attr
 
 
 def test_configmap_and_prometheusrule_carry_the_generated_content() -> None:

@@ -5,6 +5,7 @@ selectors select and named ports exist. Prometheus' own config check runs throug
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -201,6 +202,49 @@ def test_grafana_provisioning_matches_the_stack_and_the_dashboard(compose: dict[
     scrape = _yaml(DEPLOY / "prometheus/prometheus.yml")["global"]["scrape_interval"]
     assert prom_ds["jsonData"]["timeInterval"] == scrape  # $__rate_interval is derived from it
     assert sum(1 for ds in sources if ds.get("isDefault")) == 1
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    """Alertmanager's own config checker, from Debian's prometheus-alertmanager package (installed on
+    first use, its service never started: a temporary policy-rc.d forbids it)."""
+    path = shutil.which("amtool")
+    if path is None:
+        policy = Path("/usr/sbin/policy-rc.d")
+        created = not policy.exists()
+        if created:
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        cmd = ["apt-get", "-y", "-q", "install", "--no-install-recommends", "prometheus-alertmanager"]
+        try:
+            if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+                subprocess.run(["apt-get", "-q", "update"], env=env, capture_output=True, check=True)
+                subprocess.run(cmd, env=env, capture_output=True, check=True)
+        finally:
+            if created:
+                policy.unlink()
+        path = shutil.which("amtool")
+    assert path, "amtool missing: apt-get install prometheus-alertmanager (as root)"
+    return path
+
+
+def test_alertmanager_config_passes_amtool(amtool: str) -> None:
+    proc = subprocess.run([amtool, "check-config", str(DEPLOY / "alertmanager/alertmanager.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+@pytest.mark.parametrize("rule", [r for g in alerts.groups() for r in g["rules"]], ids=lambda r: r["alert"])
+def test_every_alert_routes_to_the_receiver_of_its_severity(amtool: str, rule: dict[str, Any]) -> None:
+    labels = [f"alertname={rule['alert']}", *(f"{k}={v}" for k, v in rule["labels"].items()),
+              "model=m", "instance=node0:30000"]
+    proc = subprocess.run([amtool, "config", "routes", "test",
+                           f"--config.file={DEPLOY / 'alertmanager/alertmanager.yml'}", *labels],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == f"hs-tracer-{rule['labels']['severity']}"
 
 
 def test_alertmanager_routes_and_inhibitions_name_real_receivers_and_alerts() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import hs_tracer.dashboards as dashboards
 from hs_tracer.dashboards import alerts, lint, overview
 from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.export.prometheus import PrometheusExporter
@@ -82,14 +83,9 @@ def _dashboard() -> dict:
 
 
 def test_every_dashboard_query_returns_series(prom: PrometheusServer) -> None:
-    values = {"job": ALL, "instance": ALL, "model": ALL, "__rate_interval": WINDOW}
-    queries = lint.expressions(_dashboard())
-    assert len(queries) >= 25
-    empty = []
-    for title, ref, expr in queries:
-        result = prom.query(lint.substitute(expr, values))
-        if not result:
-            empty.append(f"{title} [{ref}]: {expr}")
+    queries = dashboards.dashboard_queries(rate_window=WINDOW)
+    assert len(queries) == len(lint.expressions(_dashboard())) >= 25
+    empty = [f"{where}: {expr}" for where, expr in queries.items() if not prom.query(expr)]
     assert not empty, "queries without series:\n" + "\n".join(empty)
 
 
@@ -135,9 +131,9 @@ EXPECTED_FIRING = {
 
 @pytest.mark.parametrize("alert", sorted(EXPECTED_FIRING))
 def test_alert_expression_selects_only_the_broken_deployment(prom: PrometheusServer, alert: str) -> None:
-    rules = {r["alert"]: r for g in alerts.groups() for r in g["rules"]}
+    rules = dashboards.alert_queries()
     assert set(rules) == set(EXPECTED_FIRING)
-    result = prom.vector(rules[alert]["expr"])
+    result = prom.vector(rules[alert])
     assert {labels["model"] for labels, _ in result} == EXPECTED_FIRING[alert]
     if alert == "HsTracerSlotSourceMismatch":  # the page names both sources, from the real labels
         [(labels, score)] = result

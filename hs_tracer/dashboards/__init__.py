@@ -34,6 +34,27 @@ def generated_files() -> dict[str, str]:
     }
 
 
+def dashboard_queries(rate_window: str = "5m", selection: str = ".+") -> dict[str, str]:
+    """Every dashboard query, ready to send to Prometheus: ``"<panel title> [<refId>]" -> PromQL`` with
+    ``$__rate_interval`` set to ``rate_window`` and the job/instance/model variables to ``selection``
+    (a regex). For checking the dashboard against any Prometheus, e.g. one scraping a live engine."""
+    import json
+
+    from hs_tracer.dashboards import lint, overview
+
+    values = {"job": selection, "instance": selection, "model": selection, "__rate_interval": rate_window}
+    return {f"{title} [{ref}]": lint.substitute(expr, values)
+            for title, ref, expr in lint.expressions(json.loads(overview.render()))}
+
+
+def alert_queries() -> dict[str, str]:
+    """Every alert rule's expression: ``alert name -> PromQL`` (a result series = the alert is pending
+    or firing for that series)."""
+    from hs_tracer.dashboards import alerts
+
+    return {r["alert"]: r["expr"] for g in alerts.groups() for r in g["rules"]}
+
+
 def write(root: Path) -> list[Path]:
     """Write every generated file under ``root`` (a repository checkout); returns the paths written."""
     written = []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hs_tracer.fingerprint.probe import FingerprintProbe
-from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
+from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_host, fingerprint_reference
 from hs_tracer.fingerprint.stats import ChannelStats, StepDigest, merge_digest_raw
 from hs_tracer.fingerprint.verify import (
     RTOL,
@@ -54,6 +54,19 @@ def test_reference_matches_float64_numpy(rng, dtype: str, compute: str) -> None:
         acc = ChannelAccumulators.zeros(k, h, "cpu")
         raw = fingerprint_reference(x, k, h, acc, getattr(torch, compute)).double().numpy()
         _check(x, k, h, raw, acc.to_stats(), RTOL[compute], seed)
+
+
+@pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nonfinite"])
+def test_host_path_matches_float64_numpy(rng, nonfinite: bool) -> None:
+    """The probe's CPU path: unmasked pass for finite input, reference on NaN/Inf."""
+    gen, seed = rng
+    for n, k, h in SIZES:
+        x = random_draft_input(gen, n, k, h, torch.bfloat16, nonfinite=nonfinite)
+        acc = ChannelAccumulators.zeros(k, h, "cpu")
+        raw = fingerprint_host(x, k, h, acc).numpy()
+        _check(x, k, h, raw, acc.to_stats(), RTOL["float64"], seed)
+    with pytest.raises(ValueError, match="runs on CPU tensors"):
+        fingerprint_host(torch.zeros((1, 8), device="meta"), 1, 8)
 
 
 def test_nonfinite_values_are_counted_and_do_not_poison(rng) -> None:

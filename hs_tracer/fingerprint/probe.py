@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
+from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_host
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
 from hs_tracer.fingerprint.verify import with_exact_count
 
@@ -162,7 +162,7 @@ class FingerprintProbe:
         else:
             digest = self._empty_digest()
             if n:
-                raw = fingerprint_reference(x, self.num_slots, self.hidden, self._acc, torch.float64)
+                raw = fingerprint_host(x, self.num_slots, self.hidden, self._acc)
                 digest = self._digest(n, raw.numpy())
             with self._lock:
                 if len(self._ready) == self.ring_size:

@@ -106,6 +106,10 @@ def _stat(title: str, description: str, unit: str, expr: str, thresholds: dash_b
             .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
 
 
+def _table() -> table.Panel:
+    return table.Panel().show_header(True).cell_height(common_m.TableCellHeight.SM)
+
+
 def _organize(exclude: list[str], rename: dict[str, str]) -> dash_m.DataTransformerConfig:
     return dash_m.DataTransformerConfig(id_val="organize", options={
         "excludeByName": {name: True for name in exclude}, "renameByName": rename})
@@ -162,7 +166,7 @@ def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         .datasource(PROM).unit("short").span(12).height(8)
         .with_target(_target(q.rate("hs_tracer_accept_length_bucket", "le"), "{{le}}",
                              fmt=prom_m.PromQueryFormat.HEATMAP))
-        .calculate(False)
+        .calculate(False).show_tooltip().show_legend()
         .y_axis(heatmap.YAxisConfig().unit("short").axis_label("accept length (tokens)"))
         .cell_values(heatmap.CellValues().unit("reqps")))
     d = d.with_panel(_timeseries(
@@ -175,7 +179,7 @@ def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
 def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_row(dash_b.Row("Draft input features per slot"))
     slot_table = (
-        table.Panel().title("Slot sources: expected vs observed")
+        _table().title("Slot sources: expected vs observed")
         .description("Per slot of the draft input: the canonical source the draft was trained on "
                      "(expected_source), the source the live features match best (observed_source), "
                      "the match score (0..1) and whether they differ (a wiring mismatch).")
@@ -230,7 +234,7 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
 def _wiring_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_row(dash_b.Row("Wiring"))
     d = d.with_panel(
-        table.Panel().title("Wiring read at startup")
+        _table().title("Wiring read at startup")
         .description("How the target's hidden states are wired into the draft, per scheduler process: "
                      "captured layer ids (SGLang's convention), the ids in the draft config, canonical "
                      "source per slot, expected width K*H vs the draft fc input width.")
@@ -249,7 +253,7 @@ def _wiring_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
 def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_row(dash_b.Row("Findings"))
     d = d.with_panel(
-        table.Panel().title("Findings since the tracer started")
+        _table().title("Findings since the tracer started")
         .description("Findings raised per process since it started, by stable code and severity. Static "
                      "wiring findings are raised once at startup. docs/runbook.md explains each.")
         .datasource(PROM).unit("none").decimals(0).span(12).height(8)

@@ -94,9 +94,11 @@ class FingerprintProbe:
         self._ws = kernel.FingerprintWorkspace(k, h, self.device, cfg)
         self._acc = self._ws.acc
         self._launch = kernel.fingerprint_fused
-        self._ring = torch.zeros((r, k, DIGEST_WIDTH), dtype=torch.float32, pin_memory=True)
-        self._ring_np = self._ring.numpy()
-        self._ring_views = list(self._ring.unbind(0))
+        # Slots padded to 16 bytes: every slot has the alignment the kernel was compiled for.
+        width = k * DIGEST_WIDTH
+        ring = torch.zeros((r, -(-width // 4) * 4), dtype=torch.float32, pin_memory=True)
+        self._ring_views = [ring[i, :width].view(k, DIGEST_WIDTH) for i in range(r)]
+        self._ring_np = [v.numpy() for v in self._ring_views]
         self._slots: list[_Slot | None] = [None] * r
         self._events = [torch.cuda.Event() for _ in range(r)]
         self._head = 0  # next slot to write
@@ -119,7 +121,7 @@ class FingerprintProbe:
         stream = torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device):
             if self._direct:
-                self._ring_np[0] = 0.0
+                self._ring_np[0][:] = 0.0
                 try:
                     self._launch(x, self._ws, self._ring_views[0])
                     stream.synchronize()  # construction time, not a step
@@ -173,6 +175,9 @@ class FingerprintProbe:
         return True
 
     def _observe_cuda(self, x: torch.Tensor, n: int, step_id: int) -> None:
+        if torch.cuda.current_device() != self.device.index:  # launches go to the current device
+            with torch.cuda.device(self.device):
+                return self._observe_cuda(x, n, step_id)
         if torch.cuda.is_current_stream_capturing():
             if n:
                 self._launch(x, self._ws)
@@ -218,10 +223,11 @@ class FingerprintProbe:
                 self.window_skips += 1
                 return
             w = free[0]
-            self._win_count[w].copy_(self._acc.count, non_blocking=True)
-            self._win_sums[w].copy_(self._acc.sums, non_blocking=True)
-            self._acc.reset()  # stream-ordered after the copies
-            self._win_events[w].record()
+            with torch.cuda.device(self.device):
+                self._win_count[w].copy_(self._acc.count, non_blocking=True)
+                self._win_sums[w].copy_(self._acc.sums, non_blocking=True)
+                self._acc.reset()  # stream-ordered after the copies
+                self._win_events[w].record()
             self._win_pending[w] = True
 
     # ---- host side --------------------------------------------------------------------------------

@@ -184,7 +184,9 @@ def _probe_run(rng: np.random.Generator, digest_to_host: bool | None) -> dict:
     tail = [s for s, _ in probe.drain()]
     if tail != list(range(1004, 1012)) or probe.dropped - dropped0 != 4:
         failures.append(f"ring overflow: drained {tail}, dropped {probe.dropped - dropped0}")
-    return {"digest_to_host": probe._direct, "fast_launch": bool(probe._ws._compiled), "steps": steps,
+    if len(probe._ws._compiled) != 1:  # every ring slot and step size must reuse one compiled kernel
+        failures.append(f"{len(probe._ws._compiled)} kernel specialisations compiled during the steps")
+    return {"digest_to_host": probe._direct, "compiled_variants": len(probe._ws._compiled), "steps": steps,
             "drained": len(got), "dropped": probe.dropped,
             "windows": len(windows), "window_skips": probe.window_skips, "sync_debug_armed": armed,
             "device_allocations_during_observe": allocs_after - allocs_before,

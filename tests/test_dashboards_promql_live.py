@@ -56,7 +56,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
             good.record_step(rec)
         good.record_slots([SlotVerdict(0, "block:1", "block:1", 0.96, 0.4),
                            SlotVerdict(1, "block:3", "block:3", 0.94, 0.3),
-                           SlotVerdict(2, "block:5", "block:5", 0.95, 0.3)], drift=[0.0, 0.0, 0.0])
+                           SlotVerdict(2, "block:5", "block:5", 0.95, 0.3)], drift=[0.8, 1.3, 0.6])
         good.record_finding(Finding(Code.INSUFFICIENT_DATA, Severity.INFO, "warming up"))
         good.record_health(dropped=0, hook_errors=0, enabled=True, host_overhead_s=9e-6, spans_dropped=0)
 
@@ -64,7 +64,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
             bad.record_step(rec)
         bad.record_slots([SlotVerdict(0, "block:1", "block:0", 0.91, 0.2),
                           SlotVerdict(1, "block:3", "block:3", 0.93, 0.3),
-                          SlotVerdict(2, "block:5", "block:5", 0.92, 0.3)], drift=[0.0, 0.7, 0.0])
+                          SlotVerdict(2, "block:5", "block:5", 0.92, 0.3)], drift=[1.1, 7.5, 0.9])
         bad.record_finding(Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, "slot 0 carries block:0",
                                    slot=0, expected="block:1", observed="block:0"))
         bad.record_health(dropped=9, hook_errors=1, enabled=False, host_overhead_s=30e-6, spans_dropped=4)

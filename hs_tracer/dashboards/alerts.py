@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hs_tracer.diagnosis.matcher import Thresholds
+
 AL_FLOOR = 1.25
 """Mean accept length below which a draft is useless: a miswired draft sits at 1.0-1.1, a correct but
 modest one (too little training data, catalogue F25) at 1.6-2.7."""
@@ -28,9 +30,10 @@ BASELINE = "6h"
 DROPPED_SHARE = 0.01
 """Share of step records dropped that makes the diagnosis unreliable."""
 
-DRIFT_THRESHOLD = 0
-"""hs_tracer_slot_drift_score is non-zero only while the online diagnosis reports feature_drift for the
-slot (hs_tracer.export.recorder), so any positive value sustained for the rule's ``for`` is drift."""
+DRIFT_THRESHOLD = Thresholds().drift_factor
+"""The drift score is expected as D(expected) / t_match, the slot's divergence from its trained source
+in units of the calibrated match level (0 = identical); the online diagnosis calls a slot drifted
+above ``drift_factor`` of them (hs_tracer.diagnosis.matcher), and so does this rule."""
 
 NON_WIRING_CODES = "feature_drift|acceptance_drop"
 """Critical findings with their own alert (drift, acceptance); the wiring alert leaves them out."""
@@ -123,10 +126,11 @@ def _wiring_rules() -> list[dict[str, Any]]:
             f"hs_tracer_slot_drift_score > {DRIFT_THRESHOLD}\n",
             "30m", "warning",
             "Draft-input slot {{ $labels.slot }} drifted from its training features for " + WHERE,
-            "For 30 minutes the per-channel statistics of slot {{ $labels.slot }} have still matched "
-            "the trained source best but moved away from the reference profile (drift score "
-            "{{ $value | printf \"%.3g\" }}). The wiring is right; the target or its inputs changed "
-            "(checkpoint, dtype or quantization, prompt mix).",
+            "For 30 minutes the per-channel statistics of slot {{ $labels.slot }} have been "
+            "{{ $value | printf \"%.3g\" }} times the calibrated match level away from the reference "
+            "profile of its trained source (drift above " + f"{DRIFT_THRESHOLD:g}" + "). The wiring is "
+            "right if no slot mismatch is reported; the target or its inputs changed (checkpoint, dtype "
+            "or quantization, prompt mix).",
         ),
     ]
 

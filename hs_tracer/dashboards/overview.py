@@ -212,8 +212,8 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         min_val=0, max_val=1))
     d = d.with_panel(_timeseries(
         "Slot feature drift", "Drift of each slot's per-channel statistics from the reference of its "
-        "expected source over the last diagnosis window (0 = identical; runbook: "
-        "HsTracerFeatureDrift).", "none",
+        "expected source over the last diagnosis window, in units of the calibrated match level (0 = "
+        "identical; above 4 the diagnosis reports feature_drift; runbook: HsTracerFeatureDrift).", "none",
         [_target(f"max by ({q.PER_RANK}, slot) ({q.sel('hs_tracer_slot_drift_score')})", SLOT_LEGEND)],
         min_val=0))
     d = d.with_panel(_timeseries(

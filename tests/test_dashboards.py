@@ -297,6 +297,18 @@ def test_push_without_token_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
     assert "GRAFANA_TOKEN" in err and "service-account token" in err
 
 
+def test_push_without_grafana_client_names_the_package(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grafana_client"
+                        else real(name, *a))
+    monkeypatch.setenv("GRAFANA_TOKEN", "t")
+    assert main(["dashboards", "push", "--url", "http://127.0.0.1:9"]) == 2
+    assert "grafana-client is not installed" in capsys.readouterr().err
+
+
 class _GrafanaApi:
     """Grafana's HTTP API for folders and dashboards, as far as `push` uses it (the endpoints and
     payloads of Grafana's documented API); records what it received."""

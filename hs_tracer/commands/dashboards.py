@@ -45,9 +45,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     u.set_defaults(func=run_push)
 
 
+def _require(module: str, package: str) -> None:
+    """A missing optional dependency is an input problem with a one-line fix, not a traceback."""
+    import importlib.util
+
+    from hs_tracer.cli import UsageError
+
+    if importlib.util.find_spec(module) is None:
+        raise UsageError(f"{package} is not installed; install the pinned version from "
+                         f"requirements/runtime.in (pip install '{package}')")
+
+
 def run_build(args: argparse.Namespace) -> int:
     import json
 
+    _require("grafana_foundation_sdk", "grafana-foundation-sdk")
     import hs_tracer.dashboards as dashboards
     from hs_tracer.dashboards import lint, overview
 
@@ -66,6 +78,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_push(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
+
+    _require("grafana_foundation_sdk", "grafana-foundation-sdk")
+    _require("grafana_client", "grafana-client")
     from hs_tracer.dashboards import overview
     from hs_tracer.dashboards.push import PushError, push
 

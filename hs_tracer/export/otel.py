@@ -145,6 +145,18 @@ class _CountingExporter:
         return self._inner.force_flush(timeout_millis)
 
 
+def spans_configured() -> bool:
+    """Whether step spans have somewhere to go: SGLang's own tracing is on (it installed a provider),
+    or an OTLP endpoint is configured. Without either, hs_tracer exports no spans rather than retry
+    against a collector that was never set up."""
+    from opentelemetry import trace
+
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return True
+    endpoints = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    return any(os.environ.get(v) for v in endpoints)
+
+
 class OtelExporter:
     """hs_tracer's sampled step spans for one scheduler process. Call it from the recorder thread.
 

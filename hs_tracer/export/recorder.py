@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report
+from hs_tracer.diagnosis.findings import Acceptance, Report
 from hs_tracer.fingerprint.stats import ChannelStats
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ class Recorder(threading.Thread):
         self.acceptance = AcceptanceTally()
         self.live: ChannelStats | None = None  # all windows so far
         self.window_reports: int = 0
+        self.nonfinite: int = 0  # non-finite values in the draft input, all steps so far
+        self._exported_findings: set[tuple[Any, ...]] = set()
         self.profile: Profile | None = None
         self.report = Report(findings=list(st.static_findings))
         self._report_lock = threading.Lock()
@@ -100,7 +102,7 @@ class Recorder(threading.Thread):
         self._stop.set()
 
     def _setup(self) -> None:
-        from hs_tracer.export.otel import OtelExporter
+        from hs_tracer.export.otel import OtelExporter, spans_configured
         from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
 
         st, wiring = self.st, self.st.wiring
@@ -116,14 +118,18 @@ class Recorder(threading.Thread):
         self._prom.record_wiring(wiring)
         for f in st.static_findings:
             self._prom.record_finding(f)
-        self._otel = OtelExporter(wiring.model, st.ranks, sample=st.config.span_sample)
-        self._otel.record_wiring(wiring)
+        if spans_configured():
+            self._otel = OtelExporter(wiring.model, st.ranks, sample=st.config.span_sample)
+            self._otel.record_wiring(wiring)
 
     # ---- per record --------------------------------------------------------------------------------
     def _on_step(self, rec: StepRecord) -> None:
         self.acceptance.add(rec.accept_lengths, rec.num_draft_tokens)
+        if rec.digest is not None:
+            self.nonfinite += sum(slot.nonfinite for slot in rec.digest.slots)
         self._prom.record_step(rec)
-        self._otel.record_step(rec, getattr(rec, "trace_ctxs", None))
+        if self._otel is not None:
+            self._otel.record_step(rec, getattr(rec, "trace_ctxs", None))
         with self._report_lock:
             self.report.acceptance = self.acceptance.summary()
 
@@ -141,37 +147,33 @@ class Recorder(threading.Thread):
         return True
 
     def _diagnose(self) -> None:
-        from hs_tracer.diagnosis.live import diagnose_live
+        """Judge everything seen so far against the profile (the wiring does not change while a
+        process runs, so more tokens only sharpen the verdict)."""
+        from hs_tracer.diagnosis.identity import diagnose
 
-        assert self.live is not None
-        st = self.st
-        report = diagnose_live(
-            self.live, self.profile, input_width=st.input_width,
-            expected_width=st.wiring.draft_fc_in_features if st.wiring else None,
-        )
-        findings = list(st.static_findings)
-        codes = {(f.code, f.slot) for f in findings}
-        new = [f for f in report.findings if (f.code, f.slot) not in codes]
-        findings.extend(new)
-        for f in new:
-            if f not in self._last_findings():
+        if self.profile is None or self.live is None:
+            return
+        judged = diagnose(self.live, self.profile, nonfinite=self.nonfinite, width=self.st.input_width)
+        static = list(self.st.static_findings)
+        seen = {(f.code, f.slot) for f in static}
+        live_findings = [f for f in judged.findings if (f.code, f.slot) not in seen]
+        for f in live_findings:
+            key = (f.code, f.slot, f.observed)
+            if key not in self._exported_findings:
+                self._exported_findings.add(key)
                 self._prom.record_finding(f)
-        drift = [f.details.get("drift", 0.0) if f.code is Code.FEATURE_DRIFT else 0.0
-                 for f in report.findings]
-        self._prom.record_slots(report.slots, drift[: len(report.slots)])
-        self._otel.record_slots(report.slots)
+        self._prom.record_slots(judged.slots)
+        if self._otel is not None:
+            self._otel.record_slots(judged.slots)
         with self._report_lock:
-            self.report = Report(slots=report.slots, acceptance=self.acceptance.summary(),
-                                 findings=findings)
-
-    def _last_findings(self) -> list[Finding]:
-        with self._report_lock:
-            return list(self.report.findings)
+            self.report = Report(slots=judged.slots, acceptance=self.acceptance.summary(),
+                                 findings=static + live_findings)
 
     def _export_health(self) -> None:
         st = self.st
         self._prom.record_health(dropped=st.dropped, hook_errors=st.hook_errors, enabled=st.enabled,
-                                 host_overhead_s=st.host_overhead_s, spans_dropped=self._otel.dropped)
+                                 host_overhead_s=st.host_overhead_s,
+                                 spans_dropped=self._otel.dropped if self._otel is not None else None)
 
     # ---- report ------------------------------------------------------------------------------------
     def report_json(self) -> dict[str, Any]:

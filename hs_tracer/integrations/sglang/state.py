@@ -131,7 +131,7 @@ class TracerState:
             sglang_version=installed_version() or "",
         )
         live = static.wiring_from_record(self.wiring)
-        live = _with_draft_config(live, self.draft_config)
+        live = static.with_draft_config(live, self.draft_config)
         trained = None
         if self.config.profile is not None:
             trained = self._trained_sources()
@@ -258,25 +258,6 @@ def _ranks() -> tuple[Ranks, bool]:
     rank = Ranks(tp=int(getattr(par, "tp_rank", 0) or 0), pp=int(getattr(par, "pp_rank", 0) or 0),
                  dp=int(getattr(par, "attn_dp_rank", 0) or 0))
     return rank, int(getattr(par, "attn_tp_rank", 0) or 0) == 0
-
-
-def _with_draft_config(live: Any, draft_config: dict[str, Any]) -> Any:
-    """Add where the draft config keeps its layer ids (SGLang reads only ``eagle_config``)."""
-    import dataclasses
-
-    from hs_tracer.diagnosis.wiring import IdsLocation
-
-    eagle = draft_config.get("eagle_config")
-    nested = isinstance(eagle, dict) and "eagle_aux_hidden_state_layer_ids" in eagle
-    top = draft_config.get("eagle_aux_hidden_state_layer_ids")
-    locations = {(True, True): IdsLocation.BOTH, (True, False): IdsLocation.NESTED,
-                 (False, True): IdsLocation.TOP_LEVEL, (False, False): IdsLocation.NONE}
-    location = locations[(nested, top is not None)]
-    return dataclasses.replace(
-        live, ids_location=location, top_level_layer_ids=list(top) if top is not None else None,
-        eagle_config_is_dict=eagle is None or isinstance(eagle, dict),
-        draft_input_hidden=draft_config.get("target_hidden_size") or None,
-    )
 
 
 def _asdict(obj: Any) -> Any:

@@ -5,10 +5,12 @@ selectors select and named ports exist. Prometheus' own config check runs throug
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -407,3 +409,36 @@ def test_deploy_doc_walks_through_the_compose_stack(compose: dict[str, Any]) -> 
         for mapping in service.get("ports", []):
             host_port = _expand(mapping).split(":")[0]
             assert host_port in doc, f"docs/deploy.md does not say where {name} is reachable ({host_port})"
+
+
+# --- SGLang's own parser on the serving flags ------------------------------------------------------
+
+_PARSE = """
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+out = []
+for args in json.loads(sys.stdin.read()):
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    out.append(vars(parser.parse_args(args)))
+print(json.dumps(out, default=str))
+"""
+
+
+def test_serving_flags_parse_with_the_installed_sglang(compose: dict[str, Any],
+                                                       k8s: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The launch flags in the compose file and the StatefulSet are real SGLang 0.5.23 flags."""
+    compose_args = [_expand(a) for a in _services(compose)["sglang"]["command"][3:]]
+    [container] = k8s[("StatefulSet", "sglang")]["spec"]["template"]["spec"]["containers"]
+    env = {v["name"]: v.get("value", "0") for v in container["env"]}
+    env["POD_INDEX"] = "1"
+    k8s_args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    proc = subprocess.run([sys.executable, "-c", _PARSE], input=json.dumps([compose_args, k8s_args]),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    composed, stateful = json.loads(proc.stdout.strip().splitlines()[-1])
+    for ns in (composed, stateful):
+        assert ns["speculative_algorithm"] == "EAGLE3" and ns["enable_metrics"] is True
+        assert ns["enable_trace"] is True and ns["port"] == 30000
+    assert composed["otlp_traces_endpoint"] == "otel-collector:4317"
+    assert stateful["nnodes"] == 2 and stateful["node_rank"] == 1 and stateful["tp_size"] == 16

@@ -1,33 +1,58 @@
-"""The main job on a machine without a GPU: real SGLang on CPU with tracing on, then what it saw.
+"""The main job on a machine without a GPU: real SGLang on CPU with tracing on, then its diagnosis.
 
-Starts ``sgl.Engine`` through the CPU testbed runtime with ``HS_TRACER=1``, sends a workload, and
-collects the live reports the plugin wrote from inside the scheduler processes.
+``hs-tracer demo`` starts ``sgl.Engine`` (EAGLE-3) through the CPU testbed runtime with
+``HS_TRACER=1`` and a reference profile built from the draft's training data, sends a workload, and
+prints the live diagnosis the plugin computed inside the scheduler process. With the testbed models
+it runs the correct draft and then a miswired copy of it (config.json edited, as in real incidents).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+DEMO_ENV = {
+    "HS_TRACER": "1",
+    "HS_TRACER_WINDOW_TOKENS": "256",  # a short workload: let windows close often
+}
+SETTLE_S = 2.0  # the recorder refreshes the report every 0.5 s while steps arrive
+
 
 @dataclass
-class DemoResult:
+class Run:
+    """One engine run: which models, what was generated, and what the scheduler(s) reported."""
+
+    name: str
     target: Path
     draft: Path | None
     prompts: list[str]
     outputs: list[str]
-    schedulers: list[dict[str, Any]] = field(default_factory=list)  # one live report per process
+    schedulers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def diagnosis(self) -> dict[str, Any]:
+        """The emitting scheduler's diagnosis (attention-TP rank 0), DESIGN §5.4 keys."""
+        for rep in self.schedulers:
+            if rep.get("emitting") and rep.get("diagnosis"):
+                return rep["diagnosis"]
+        return {"status": "unknown", "slots": [], "acceptance": None,
+                "findings": [], "note": "no scheduler reported a diagnosis"}
 
     def to_json(self) -> dict[str, Any]:
+        diag = self.diagnosis
         return {
+            "name": self.name,
+            "status": diag.get("status", "unknown"),
+            "slots": diag.get("slots", []),
+            "acceptance": diag.get("acceptance"),
+            "findings": diag.get("findings", []),
             "target": str(self.target),
             "draft": str(self.draft) if self.draft else None,
-            "requests": len(self.prompts),
-            "schedulers": self.schedulers,
+            "wiring": next((r.get("wiring") for r in self.schedulers if r.get("wiring")), None),
         }
 
 
@@ -36,53 +61,114 @@ def read_reports(report_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(report_dir.glob("scheduler-*.json"))]
 
 
-def default_target(cache: Path) -> Path:
-    """The testbed's tiny DeepSeek-V3 target, built once into ``cache``."""
-    from hs_tracer.testbed.target import build_target
+def _settled_reports(report_dir: Path) -> list[dict[str, Any]]:
+    """Wait until the recorder has caught up (the report stops changing), then read it."""
+    last, stable_since = None, time.monotonic()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        snapshot = [p.read_bytes() for p in sorted(report_dir.glob("scheduler-*.json"))]
+        if snapshot != last:
+            last, stable_since = snapshot, time.monotonic()
+        elif time.monotonic() - stable_since >= SETTLE_S:
+            break
+        time.sleep(0.25)
+    return read_reports(report_dir)
 
-    out = cache / "target-untrained"
-    if not (out / "config.json").exists():
-        build_target(out, train_steps=0, progress=False)
+
+def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], *,
+               profile: Path | None = None, max_new_tokens: int = 32,
+               extra_env: dict[str, str] | None = None) -> Run:
+    """One traced engine run. Must run in a process that has not imported SGLang's GPU path (the
+    CPU runtime decides the device at import); the launcher checks."""
+    from hs_tracer.testbed.runtime.launcher import engine
+
+    with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-") as tmp:
+        report_dir = Path(tmp)
+        env = {**DEMO_ENV, "HS_TRACER_REPORT_DIR": str(report_dir), **(extra_env or {})}
+        if profile is not None:
+            env["HS_TRACER_PROFILE"] = str(profile)
+        with engine(target, draft, env=env) as eng:
+            outs = eng.generate(prompts, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
+            reports = _settled_reports(report_dir)
+        return Run(name, target, draft, prompts, [o["text"] for o in outs], reports)
+
+
+def testbed_profile(draft: Path, target: Path, specforge: Path, atlas: Path, out: Path) -> Path:
+    """The reference profile of the testbed draft's training data (built once, then reused)."""
+    from hs_tracer.cli import main as cli
+
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        code = cli(["profile", "build", str(specforge), "-o", str(out), "--draft", str(draft),
+                    "--target", str(target), "--atlas", str(atlas), "--no-progress"])
+        if code != 0:
+            raise RuntimeError(f"building the testbed profile failed (exit {code})")
     return out
 
 
-def run(
-    target: Path | None = None,
-    draft: Path | None = None,
-    *,
-    prompts: list[str] | None = None,
-    max_new_tokens: int = 16,
-    extra_env: dict[str, str] | None = None,
-) -> DemoResult:
-    """Run the workload through a real engine with tracing on. Must run in a process that has not
-    imported SGLang yet (the CPU runtime decides the device at import)."""
+def run(target: Path | None = None, draft: Path | None = None, *, profile: Path | None = None,
+        scenarios: list[str] | None = None, num_prompts: int = 16, max_new_tokens: int = 32) -> list[Run]:
+    """The demo: the testbed models (or the given ones), correct wiring, then each miswiring."""
+    from hs_tracer.testbed import ensure_testbed
     from hs_tracer.testbed.corpus import prompts as corpus_prompts
-    from hs_tracer.testbed.runtime.launcher import engine
+    from hs_tracer.testbed.miswire import write_variant
 
-    cache = Path(os.environ.get("HS_TRACER_CACHE", Path.cwd() / ".cache"))
-    target = target or default_target(cache)
-    prompts = prompts or corpus_prompts(seed=1234, n=8)
-    with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-") as tmp:
-        report_dir = Path(tmp)
-        env = {"HS_TRACER": "1", "HS_TRACER_REPORT_DIR": str(report_dir), **(extra_env or {})}
-        with engine(target, draft, env=env) as eng:
-            outs = eng.generate(prompts, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
-        return DemoResult(target, draft, prompts, [o["text"] for o in outs], read_reports(report_dir))
+    prompts = corpus_prompts(seed=1234, n=num_prompts)
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-drafts-") as tmp:
+        if target is None:
+            tb = ensure_testbed()
+            target, draft = tb.target, draft or tb.draft
+            profile = profile or testbed_profile(tb.draft, tb.target, tb.specforge_data, tb.atlas_data,
+                                                 tb.root / "profile.safetensors")
+        runs.append(run_engine("as configured", target, draft, prompts, profile=profile,
+                               max_new_tokens=max_new_tokens))
+        for scenario in scenarios or []:
+            assert draft is not None
+            variant = write_variant(draft, Path(tmp) / scenario, scenario)
+            runs.append(run_engine(f"miswired: {scenario}", target, variant, prompts, profile=profile,
+                                   max_new_tokens=max_new_tokens))
+    return runs
 
 
-def human(result: DemoResult) -> str:
-    lines = [f"target: {result.target}", f"draft:  {result.draft or '(none: plain decoding)'}",
-             f"requests: {len(result.prompts)}"]
-    for prompt, out in list(zip(result.prompts, result.outputs, strict=True))[:3]:
-        lines.append(f"  {prompt!r} -> {out.strip()!r}")
-    if not result.schedulers:
-        lines.append("hs_tracer: no scheduler reported (was the plugin installed in SGLang's environment?)")
-    for rep in result.schedulers:
-        t = rep.get("target", {})
-        state = "on" if rep["enabled"] else f"off ({rep['disabled_reason']})"
-        lines.append(
-            f"scheduler pid {rep['pid']}: tracing {state}; target {t.get('architecture')} with "
-            f"{t.get('num_layers')} layers, hidden size {t.get('hidden_size')}, "
-            f"layers_to_capture {t.get('layers_to_capture')}; hooks applied: {len(rep['hooks_applied'])}"
-        )
+def human(runs: list[Run]) -> str:
+    from hs_tracer.diagnosis.findings import Severity
+
+    lines: list[str] = []
+    for r in runs:
+        d = r.to_json()
+        lines.append(f"== {r.name}: draft {r.draft or '(none: plain decoding)'}")
+        w = d["wiring"] or {}
+        if w:
+            lines.append(f"   wiring: {w.get('target_arch')} with {w.get('num_layers')} layers, hidden "
+                         f"{w.get('hidden_size')}; layers_to_capture {w.get('layers_to_capture')} -> "
+                         f"{', '.join(w.get('sources') or [])}")
+        for prompt, out in list(zip(r.prompts, r.outputs, strict=True))[:2]:
+            lines.append(f"   {prompt!r} -> {out.strip()!r}")
+        lines.append(f"   status: {d['status']}")
+        for s in d["slots"]:
+            mark = "" if s["expected_source"] == s["observed_source"] else "   <-- mismatch"
+            lines.append(f"     slot {s['index']}: trained on {s['expected_source']:<10} fed "
+                         f"{s['observed_source']:<10} (score {s['score']:.2f}){mark}")
+        a = d["acceptance"]
+        if a:
+            rates = ", ".join(f"{x:.2f}" for x in a["per_position_rate"])
+            lines.append(f"   acceptance: mean accept length {a['mean_accept_length']:.2f} over {a['steps']} "
+                         f"request-steps; per draft position [{rates}]")
+        for f in d["findings"]:
+            if f["severity"] == Severity.INFO.value:
+                continue
+            lines.append(f"   [{f['severity']}] {f['code']}: {f['message']}")
+            if f.get("fix"):
+                lines.append(f"       fix: {f['fix']}")
     return "\n".join(lines)
+
+
+def exit_code(runs: list[Run], expect_miswired: bool) -> int:
+    """0 when the configured run is healthy (and, in the default demo, every miswiring was caught)."""
+    first, rest = runs[0].to_json(), [r.to_json() for r in runs[1:]]
+    ok = first["status"] in ("ok", "warning")
+    if expect_miswired:
+        ok = ok and all(r["status"] in ("miswired", "drift") for r in rest)
+    return 0 if ok else 1
+

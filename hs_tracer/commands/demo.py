@@ -1,4 +1,4 @@
-"""``hs-tracer demo``: real SGLang on CPU with the testbed models and tracing on."""
+"""``hs-tracer demo``: real SGLang (EAGLE-3) on CPU with tracing on, and the live diagnosis."""
 
 from __future__ import annotations
 
@@ -6,13 +6,27 @@ import argparse
 import json
 from pathlib import Path
 
+DEFAULT_SCENARIOS = ["ids_shifted"]
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run real SGLang on CPU with tracing on and print what hs_tracer saw")
-    p.add_argument("--target", type=Path, help="target model dir (default: the testbed's tiny DeepSeek-V3)")
-    p.add_argument("--draft", type=Path, help="EAGLE-3 draft dir (default: the testbed's draft)")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    from hs_tracer.testbed.miswire import SCENARIOS
+
+    p = sub.add_parser(
+        "demo", help="run real SGLang with EAGLE-3 on CPU, traced, and print the live diagnosis",
+        description="Starts sgl.Engine on the CPU with HS_TRACER=1, sends a workload and prints what "
+        "hs_tracer diagnosed inside the scheduler. Without --target it uses the testbed (a tiny trained "
+        "DeepSeek-V3 target and its EAGLE-3 draft, built on first use) and also runs a miswired copy of "
+        "the draft. Exit 0 when the configured draft is healthy and every miswiring was caught.")
+    p.add_argument("--target", type=Path, help="target model dir (default: the testbed's)")
+    p.add_argument("--draft", type=Path, help="EAGLE-3 draft dir (default: the testbed's)")
+    p.add_argument("--profile", type=Path, help="reference profile (default: built from the testbed data)")
+    p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), dest="scenarios",
+                   help=f"also run a miswired copy of the draft (repeatable; default with the testbed: "
+                   f"{', '.join(DEFAULT_SCENARIOS)})")
+    p.add_argument("--prompts", type=int, default=16, help="number of prompts (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--json", action="store_true", help="print the diagnoses as JSON (DESIGN §5.4 keys)")
     p.set_defaults(func=run)
 
 
@@ -24,6 +38,17 @@ def run(args: argparse.Namespace) -> int:
         path = getattr(args, name)
         if path is not None and not (path / "config.json").is_file():
             raise UsageError(f"--{name} {path}: no config.json there; pass a Hugging Face model directory")
-    result = demo.run(args.target, args.draft, max_new_tokens=args.max_new_tokens)
-    print(json.dumps(result.to_json(), indent=2) if args.json else demo.human(result))
-    return 0
+    if args.profile is not None and not args.profile.is_file():
+        raise UsageError(f"--profile {args.profile}: no such file; build one with `hs-tracer profile build`")
+    if args.target is not None and args.draft is None:
+        raise UsageError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
+    scenarios = args.scenarios if args.scenarios is not None else (
+        DEFAULT_SCENARIOS if args.target is None else [])
+    runs = demo.run(args.target, args.draft, profile=args.profile, scenarios=scenarios,
+                    num_prompts=args.prompts, max_new_tokens=args.max_new_tokens)
+    if args.json:
+        out = [r.to_json() for r in runs]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+    else:
+        print(demo.human(runs))
+    return demo.exit_code(runs, expect_miswired=bool(scenarios))

@@ -149,11 +149,17 @@ class Recorder(threading.Thread):
     def _diagnose(self) -> None:
         """Judge everything seen so far against the profile (the wiring does not change while a
         process runs, so more tokens only sharpen the verdict)."""
-        from hs_tracer.diagnosis.identity import diagnose
+        from hs_tracer.diagnosis.identity import diagnose_detailed
 
         if self.profile is None or self.live is None:
             return
-        judged = diagnose(self.live, self.profile, nonfinite=self.nonfinite, width=self.st.input_width)
+        detailed = diagnose_detailed(self.live, self.profile, nonfinite=self.nonfinite,
+                                     width=self.st.input_width)
+        judged = detailed.report
+        # Drift score per slot: divergence from the trained source in units of the calibrated match
+        # threshold (0 = identical, 1 = at the threshold); docs/metrics.md, the drift alert uses it.
+        t_match = detailed.calibration.t_match if detailed.calibration else None
+        drift = [m.d_expected / t_match for m in detailed.matches] if t_match else []
         static = list(self.st.static_findings)
         seen = {(f.code, f.slot) for f in static}
         live_findings = [f for f in judged.findings if (f.code, f.slot) not in seen]
@@ -162,7 +168,7 @@ class Recorder(threading.Thread):
             if key not in self._exported_findings:
                 self._exported_findings.add(key)
                 self._prom.record_finding(f)
-        self._prom.record_slots(judged.slots)
+        self._prom.record_slots(judged.slots, drift)
         if self._otel is not None:
             self._otel.record_slots(judged.slots)
         with self._report_lock:

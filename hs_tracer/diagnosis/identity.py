@@ -89,6 +89,8 @@ def diagnose_detailed(
         return Diagnosis(Report(findings=findings), tokens, None, [])
     cal = calibrate(profile, tokens, th)
     cands = candidates(profile, th)
-    matches = match_slots(stats, profile.sources, cands, t_match=cal.t_match, rho=cal.rho, thresholds=th)
+    matches = match_slots(
+        stats, profile.sources, cands, t_match=cal.t_match, rho=cal.rho, thresholds=th, tokens=tokens
+    )
     verdicts, slot_f = slot_findings(matches, cal.t_match, profile.atlas is not None)
     return Diagnosis(Report(slots=verdicts, findings=findings + slot_f), tokens, cal, matches)

@@ -42,6 +42,7 @@ class Thresholds:
     rho_min: float = 1.25  # a mismatch needs D(expected) >= rho x D(best), rho >= rho_min
     rho_safety: float = 1.25  # rho >= rho_safety x the largest D(expected)/D(best other) seen on correct data
     drift_factor: float = 4.0  # feature_drift when D(expected) > drift_factor x t_match and it is still best
+    drift_min_tokens: int = 1024  # drift is judged on windows at least this long (small ones are too noisy)
     unknown_factor: float = 10.0  # observed "unknown" when D(best) > unknown_factor x t_match
     calibration_windows: int = 64  # bootstrap windows per calibrated window size
     var_floor: float = 1e-4  # variance floor, relative to the mean variance of the reference source
@@ -152,6 +153,7 @@ def match_slots(
     t_match: float,
     rho: float,
     thresholds: Thresholds,
+    tokens: int,
 ) -> list[SlotMatch]:
     """Per live slot: distances to all candidates and the decision described in the module docstring."""
     mean, var = moments(live)
@@ -173,7 +175,8 @@ def match_slots(
         if d_best > thresholds.unknown_factor * far_best:
             verdict, observed = "unknown", UNKNOWN
         elif e == best:
-            verdict = "drift" if d_exp > thresholds.drift_factor * far_exp else "ok"
+            drifted = d_exp > thresholds.drift_factor * far_exp and tokens >= thresholds.drift_min_tokens
+            verdict = "drift" if drifted else "ok"
             observed = exp_name
         elif d_exp >= rho * max(d_best, 1e-30):
             verdict, observed = "mismatch", cands.names[best]

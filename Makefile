@@ -13,7 +13,10 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml requirements/lock.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt
+	@# grafana-client pulls urllib3-future, whose wheel would replace urllib3 for every program in
+	@# the venv; built from source with URLLIB3_NO_OVERRIDE=1 it installs beside it instead.
+	URLLIB3_NO_OVERRIDE=1 $(BIN)/pip install --quiet --disable-pip-version-check \
+		--no-binary urllib3-future -r requirements/lock.txt
 	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
 	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SGLANG)
@@ -35,7 +38,8 @@ lint: $(STAMP)
 # Re-resolve the pinned set from requirements/runtime.in (needs network access to PyPI).
 lock:
 	rm -rf /tmp/hs-tracer-lock && $(PYTHON) -m venv /tmp/hs-tracer-lock
-	/tmp/hs-tracer-lock/bin/pip install --quiet -r requirements/runtime.in
+	URLLIB3_NO_OVERRIDE=1 /tmp/hs-tracer-lock/bin/pip install --quiet --no-binary urllib3-future \
+		-r requirements/runtime.in
 	{ head -2 requirements/lock.txt; /tmp/hs-tracer-lock/bin/pip freeze; } > requirements/lock.txt.new
 	mv requirements/lock.txt.new requirements/lock.txt
 

@@ -29,12 +29,25 @@ DRAFT_VOCAB = 128
 HEADS, KV_HEADS, HEAD_DIM, INTER = 4, 2, 16, 128
 
 
-def target_config(path: Path, *, arch: str = "LlamaForCausalLM", layers: int = N_LAYERS, hidden: int = H,
-                  vocab: int = VOCAB, model_type: str = "llama") -> Path:
+def target_config(
+    path: Path,
+    *,
+    arch: str = "LlamaForCausalLM",
+    layers: int = N_LAYERS,
+    hidden: int = H,
+    vocab: int = VOCAB,
+    model_type: str = "llama",
+) -> Path:
     """A target config.json as transformers writes it (only the fields a check reads matter)."""
     path.mkdir(parents=True, exist_ok=True)
-    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=INTER, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, num_hidden_layers=layers, vocab_size=vocab)
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+    )
     cfg.architectures = [arch]
     cfg.save_pretrained(path)
     if model_type != "llama":
@@ -44,8 +57,9 @@ def target_config(path: Path, *, arch: str = "LlamaForCausalLM", layers: int = N
     return path
 
 
-def vocab_mapping(draft_vocab: int = DRAFT_VOCAB, vocab: int = VOCAB, seed: int = 0) -> tuple[torch.Tensor,
-                                                                                             torch.Tensor]:
+def vocab_mapping(
+    draft_vocab: int = DRAFT_VOCAB, vocab: int = VOCAB, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """d2t/t2d as SpecForge's process_token_dict_to_mappings builds them (diffs + bool mask)."""
     rng = np.random.default_rng(seed)
     used = np.sort(rng.choice(vocab, size=draft_vocab, replace=False))
@@ -55,9 +69,16 @@ def vocab_mapping(draft_vocab: int = DRAFT_VOCAB, vocab: int = VOCAB, seed: int 
     return d2t, t2d
 
 
-def draft_state(*, prefix: str = "midlayer", n_aux: int = 3, hidden_in: int = H,
-                draft_vocab: int = DRAFT_VOCAB, with_embed: bool = False, vocab: int = VOCAB,
-                seed: int = 0) -> dict[str, torch.Tensor]:
+def draft_state(
+    *,
+    prefix: str = "midlayer",
+    n_aux: int = 3,
+    hidden_in: int = H,
+    draft_vocab: int = DRAFT_VOCAB,
+    with_embed: bool = False,
+    vocab: int = VOCAB,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
     """A trained-looking EAGLE-3 draft state dict (SpecForge key names unless prefix says otherwise)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -87,14 +108,27 @@ def draft_state(*, prefix: str = "midlayer", n_aux: int = 3, hidden_in: int = H,
     return state
 
 
-def specforge_draft(path: Path, *, layer_ids: list[int] | None = None, state: dict[str, torch.Tensor] | None
-                    = None, config_extra: dict[str, Any] | None = None, draft_vocab: int | None = DRAFT_VOCAB,
-                    eagle_config: Any = "auto") -> Path:
+def specforge_draft(
+    path: Path,
+    *,
+    layer_ids: list[int] | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+    config_extra: dict[str, Any] | None = None,
+    draft_vocab: int | None = DRAFT_VOCAB,
+    eagle_config: Any = "auto",
+) -> Path:
     """A SpecForge export: LlamaConfig.save_pretrained + safetensors save_file (metadata format=pt)."""
     path.mkdir(parents=True, exist_ok=True)
-    cfg = LlamaConfig(hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, num_hidden_layers=1, vocab_size=VOCAB,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=1,
+        vocab_size=VOCAB,
+        tie_word_embeddings=False,
+    )
     cfg.architectures = ["LlamaForCausalLMEagle3"]
     cfg.draft_vocab_size = draft_vocab
     if eagle_config == "auto":
@@ -105,18 +139,32 @@ def specforge_draft(path: Path, *, layer_ids: list[int] | None = None, state: di
     for key, value in (config_extra or {}).items():
         setattr(cfg, key, value)
     cfg.save_pretrained(path)
-    save_file(state if state is not None else draft_state(), str(path / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        state if state is not None else draft_state(),
+        str(path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return path
 
 
-def speculators_draft(path: Path, *, layer_ids: list[int] | None = (2, 4, 5), state: dict[str, torch.Tensor]
-                      | None = None, extra: dict[str, Any] | None = None) -> Path:
+def speculators_draft(
+    path: Path,
+    *,
+    layer_ids: list[int] | None = (2, 4, 5),
+    state: dict[str, torch.Tensor] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """A speculators Eagle3Speculator export (config fields of Eagle3SpeculatorConfig)."""
     path.mkdir(parents=True, exist_ok=True)
-    layer = LlamaConfig(hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS,
-                        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, num_hidden_layers=1,
-                        vocab_size=VOCAB).to_dict()
+    layer = LlamaConfig(
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=1,
+        vocab_size=VOCAB,
+    ).to_dict()
     config = {
         "architectures": ["Eagle3Speculator"],
         "auto_map": {"": "eagle3.Eagle3SpeculatorConfig"},
@@ -132,8 +180,14 @@ def speculators_draft(path: Path, *, layer_ids: list[int] | None = (2, 4, 5), st
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": 3,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
             "verifier": {"name_or_path": "tiny-target", "architectures": ["LlamaForCausalLM"]},
         },
         "torch_dtype": "bfloat16",
@@ -149,8 +203,15 @@ def speculators_draft(path: Path, *, layer_ids: list[int] | None = (2, 4, 5), st
 def eagle_draft(path: Path) -> Path:
     """An original EAGLE (SafeAILab) EAGLE-3 draft: LlamaForCausalLM architecture, same weight names."""
     path.mkdir(parents=True, exist_ok=True)
-    cfg = LlamaConfig(hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, num_hidden_layers=1, vocab_size=VOCAB)
+    cfg = LlamaConfig(
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=1,
+        vocab_size=VOCAB,
+    )
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.draft_vocab_size = DRAFT_VOCAB
     cfg.save_pretrained(path)
@@ -176,12 +237,14 @@ def problems(result) -> list[str]:
 
 # ---- the builders themselves -------------------------------------------------------------------
 
+
 def test_specforge_builder_writes_what_specforge_writes(tmp_path: Path) -> None:
     d = specforge_draft(tmp_path / "d", layer_ids=[1, 3, 4])
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     from safetensors import safe_open
+
     with safe_open(str(d / "model.safetensors"), "pt") as fh:
         keys = set(fh.keys())
         d2t = fh.get_tensor("d2t")
@@ -228,4 +291,89 @@ def sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]
                 fh.seek(start + begin)
                 fh.write(data)
         fh.truncate(start + offset)
+    return path
+
+
+MLA_DIMS = {
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+}
+
+
+def mla_state(*, n_aux: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A Kimi MLA EAGLE-3 draft (``kimi-k2.5-eagle3-mla`` layout: ``layers.0.*``, unfused q_a/kv_a)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    m = MLA_DIMS
+    p = "layers.0.self_attn"
+    state = {
+        "fc.weight": w(H, n_aux * H),
+        f"{p}.q_a_proj.weight": w(m["q_lora_rank"], 2 * H),
+        f"{p}.q_a_layernorm.weight": torch.ones(m["q_lora_rank"], dtype=torch.bfloat16),
+        f"{p}.q_b_proj.weight": w(HEADS * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"]), m["q_lora_rank"]),
+        f"{p}.kv_a_proj_with_mqa.weight": w(m["kv_lora_rank"] + m["qk_rope_head_dim"], 2 * H),
+        f"{p}.kv_a_layernorm.weight": torch.ones(m["kv_lora_rank"], dtype=torch.bfloat16),
+        f"{p}.kv_b_proj.weight": w(HEADS * (m["qk_nope_head_dim"] + m["v_head_dim"]), m["kv_lora_rank"]),
+        f"{p}.o_proj.weight": w(H, HEADS * m["v_head_dim"]),
+        "layers.0.mlp.gate_proj.weight": w(INTER, H),
+        "layers.0.mlp.up_proj.weight": w(INTER, H),
+        "layers.0.mlp.down_proj.weight": w(H, INTER),
+        "layers.0.input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+        "layers.0.hidden_norm.weight": torch.ones(H, dtype=torch.bfloat16),
+        "layers.0.post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+        "norm.weight": torch.ones(H, dtype=torch.bfloat16),
+        "lm_head.weight": w(DRAFT_VOCAB, H),
+    }
+    state["d2t"], state["t2d"] = vocab_mapping(DRAFT_VOCAB, VOCAB, seed)
+    return state
+
+
+def mla_draft(
+    path: Path,
+    *,
+    layer_ids: list[int] | None = (1, 3, 4),
+    state: dict[str, torch.Tensor] | None = None,
+    config_extra: dict[str, Any] | None = None,
+) -> Path:
+    """A Kimi MLA draft: DeepseekV3Config.save_pretrained with the Eagle3DeepseekV2ForCausalLM class."""
+    from transformers import DeepseekV3Config
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = DeepseekV3Config(
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_attention_heads=HEADS,
+        num_hidden_layers=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 1.0,
+            "original_max_position_embeddings": 512,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        **MLA_DIMS,
+    )
+    cfg.architectures = ["Eagle3DeepseekV2ForCausalLM"]
+    cfg.draft_vocab_size = DRAFT_VOCAB
+    if layer_ids is not None:
+        cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True}
+    for key, value in (config_extra or {}).items():
+        setattr(cfg, key, value)
+    cfg.save_pretrained(path)
+    save_file(
+        state if state is not None else mla_state(),
+        str(path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return path

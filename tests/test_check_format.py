@@ -70,14 +70,16 @@ def test_missing_draft_vocab_size_key(tmp_path: Path, target: Path) -> None:
     d = specforge_draft(tmp_path / "d", layer_ids=[1, 3, 4])
     _edit(d, draft_vocab_size=KeyError)
     res = run_check(d, target)
-    assert any("draft_vocab_size" in f.message and f.severity.value == "critical"
-               for f in res.report.findings)
+    assert any(
+        "draft_vocab_size" in f.message and f.severity.value == "critical" for f in res.report.findings
+    )
 
 
 def test_norm_before_residual_is_not_honoured(tmp_path: Path, target: Path) -> None:
     bad = specforge_draft(tmp_path / "bad", layer_ids=[1, 3, 4], config_extra={"norm_before_residual": True})
-    good = specforge_draft(tmp_path / "good", layer_ids=[1, 3, 4],
-                           config_extra={"norm_before_residual": False})
+    good = specforge_draft(
+        tmp_path / "good", layer_ids=[1, 3, 4], config_extra={"norm_before_residual": False}
+    )
     assert any("norm_before_residual" in f.message for f in run_check(bad, target).report.findings)
     assert problems(run_check(good, target)) == []
 
@@ -120,3 +122,12 @@ def test_known_draft_architectures_match_installed_sglang() -> None:
     eagle = {n for n in registered if "Eagle" in n}
     assert {n for n in eagle if "Eagle3" in n} == SGLANG_EAGLE3_DRAFT_ARCHS
     assert {n for n in eagle if "Eagle3" not in n} == SGLANG_EAGLE_DRAFT_ARCHS
+
+
+def test_mla_draft_has_no_input_norm(tmp_path: Path) -> None:
+    from test_check_drafts import mla_draft
+
+    target = target_config(tmp_path / "t", arch="DeepseekV3ForCausalLM")
+    bad = mla_draft(tmp_path / "bad", config_extra={"norm_before_fc": True})
+    assert any("norm_before_fc" in f.message for f in run_check(bad, target).report.findings)
+    assert problems(run_check(mla_draft(tmp_path / "ok"), target)) == []

@@ -1,7 +1,8 @@
 """The preflight's mirrors of SGLang 0.5.23 against the real thing.
 
 One child process (SGLang picks its CPU/GPU code path at import, so it gets a fresh process with the
-CPU testbed runtime) builds the real ``LlamaForCausalLMEagle3`` for each draft config, fills every
+CPU testbed runtime) builds the real ``LlamaForCausalLMEagle3`` (or, for the Kimi MLA drafts,
+``Eagle3DeepseekV2ForCausalLM``) for each draft config, fills every
 parameter with NaN, runs the real ``load_weights`` over the checkpoint, and reports what was loaded,
 left at NaN, rejected, and the ``hot_token_id`` it built; it also runs SGLang's own server-args
 resolution for a set of speculative flags through ``resolve_with_sglang``. The tests compare that
@@ -22,6 +23,8 @@ from test_check_drafts import (
     DRAFT_VOCAB,
     H,
     draft_state,
+    mla_draft,
+    mla_state,
     specforge_draft,
     target_config,
 )
@@ -31,7 +34,7 @@ from hs_tracer.preflight.config import read_draft_config
 from hs_tracer.preflight.spec_args import resolve_spec_args
 from hs_tracer.preflight.weight_map import plan_load
 
-CHILD = r'''
+CHILD = r"""
 import json, os, socket, sys
 from hs_tracer.testbed.runtime.launcher import prepare_process
 prepare_process()
@@ -51,14 +54,17 @@ get_parallel().override_permanently(world_group=parallel_state._WORLD)
 initialize_model_parallel(backend="gloo")
 from safetensors import safe_open
 from transformers import AutoConfig
+from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+CLASSES = {c.__name__: c for c in (LlamaForCausalLMEagle3, Eagle3DeepseekV2ForCausalLM)}
 
 job = json.loads(sys.stdin.read())
 out = {"weights": {}, "spec": []}
 for name, draft_dir in job["weights"].items():
     rec = {}
     try:
-        model = LlamaForCausalLMEagle3(AutoConfig.from_pretrained(draft_dir))
+        config = AutoConfig.from_pretrained(draft_dir)
+        model = CLASSES[config.architectures[0]](config)
     except Exception as exc:
         rec["construct_error"] = f"{type(exc).__name__}: {exc}"
         out["weights"][name] = rec
@@ -75,7 +81,7 @@ for name, draft_dir in job["weights"].items():
     try:
         model.load_weights(weights)
     except AssertionError as exc:
-        rec["load_error"] = str(exc)
+        rec["load_error"] = str(exc) or "AssertionError"
     rec["nan"] = sorted(k for k, p in params.items() if torch.isnan(p.float()).any())
     hot = getattr(model, "hot_token_id", None)
     rec["hot_token_id"] = hot.tolist() if hot is not None else None
@@ -86,7 +92,7 @@ for case in job["spec"]:
     res = resolve_with_sglang(case["requested"], Path(case["target"]), Path(case["draft"]))
     out["spec"].append({"rejected": res.rejected} if res.rejected else res.used())
 print("RESULT" + json.dumps(out))
-'''
+"""
 
 
 def _no_lm_head() -> dict[str, torch.Tensor]:
@@ -126,20 +132,66 @@ WEIGHT_CASES: dict[str, dict[str, Any]] = {
     "lm_head_rows": {"layer_ids": [1, 3, 4], "config_extra": {"draft_vocab_size": DRAFT_VOCAB * 2}},
     "layers0_names": {"layer_ids": [1, 3, 4], "state": "layers0"},
     "draft_vocab_absent": {"layer_ids": [1, 3, 4], "drop": "draft_vocab_size"},
+    # the Kimi MLA draft class (Eagle3DeepseekV2ForCausalLM)
+    "mla_clean": {"mla": True},
+    "mla_no_lm_head": {"mla": True, "state": "mla_no_lm_head"},
+    "mla_no_kv_a": {"mla": True, "state": "mla_no_kv_a"},
+    "mla_model_prefix": {"mla": True, "state": "mla_model_prefix"},
+    "mla_top_level_4": {
+        "mla": True,
+        "layer_ids": None,
+        "state": "mla_four_aux",
+        "config_extra": {"eagle_aux_hidden_state_layer_ids": [0, 1, 3, 4]},
+    },
+    "mla_fc_4_vs_3": {"mla": True, "state": "mla_four_aux"},
+    "mla_draft_vocab_absent": {"mla": True, "drop": "draft_vocab_size"},
 }
-STATES = {"no_lm_head": _no_lm_head, "four_aux": _four_aux, "stray": _stray_keys, "no_k": _no_k,
-          "layers0": lambda: draft_state(prefix="layers.0", with_embed=True)}  # speculators key names
+
+
+def _mla_without(*keys: str) -> dict[str, torch.Tensor]:
+    st = mla_state()
+    for k in keys:
+        del st[k]
+    return st
+
+
+STATES = {
+    "mla_no_lm_head": lambda: _mla_without("lm_head.weight"),
+    "mla_no_kv_a": lambda: _mla_without("layers.0.self_attn.kv_a_proj_with_mqa.weight"),
+    "mla_model_prefix": lambda: {
+        ("model." + k if k.startswith("layers.") else k): v for k, v in mla_state().items()
+    },
+    "mla_four_aux": lambda: mla_state(n_aux=4),
+    "no_lm_head": _no_lm_head,
+    "four_aux": _four_aux,
+    "stray": _stray_keys,
+    "no_k": _no_k,
+    "layers0": lambda: draft_state(prefix="layers.0", with_embed=True),
+}  # speculators key names
 
 # (requested flags) resolved on a Llama target; None fields are left out
 SPEC_CASES: list[dict[str, Any]] = [
     {"speculative_algorithm": "EAGLE3"},
-    {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
-     "speculative_num_draft_tokens": 5},
+    {
+        "speculative_algorithm": "EAGLE3",
+        "speculative_num_steps": 1,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 5,
+    },
     {"speculative_algorithm": "EAGLE3", "speculative_eagle_topk": 4},
-    {"speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 2,
-     "speculative_num_draft_tokens": 6},
-    {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 2, "speculative_eagle_topk": 2,
-     "speculative_num_draft_tokens": 4, "speculative_use_rejection_sampling": True},
+    {
+        "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": 6,
+    },
+    {
+        "speculative_algorithm": "EAGLE3",
+        "speculative_num_steps": 2,
+        "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": 4,
+        "speculative_use_rejection_sampling": True,
+    },
     {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3},
     {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1},
     {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 4},
@@ -152,23 +204,30 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     target = target_config(base / "target")
     drafts = {}
     for name, spec in WEIGHT_CASES.items():
-        kwargs = {k: v for k, v in spec.items() if k not in ("state", "drop")}
+        kwargs = {k: v for k, v in spec.items() if k not in ("state", "drop", "mla")}
         if "state" in spec:
             kwargs["state"] = STATES[spec["state"]]()
-        d = specforge_draft(base / name, **kwargs)
+        d = (mla_draft if spec.get("mla") else specforge_draft)(base / name, **kwargs)
         if "drop" in spec:
             cfg = json.loads((d / "config.json").read_text())
             del cfg[spec["drop"]]
             (d / "config.json").write_text(json.dumps(cfg, indent=2))
         drafts[name] = str(d)
-    job = {"weights": drafts,
-           "spec": [{"target": str(target), "draft": drafts["clean"], "requested": r} for r in SPEC_CASES]}
-    proc = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(job), capture_output=True,
-                          text=True,
-                          timeout=600, cwd=str(Path(__file__).resolve().parent.parent))
+    job = {
+        "weights": drafts,
+        "spec": [{"target": str(target), "draft": drafts["clean"], "requested": r} for r in SPEC_CASES],
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    result = json.loads(lines[-1][len("RESULT"):])
+    result = json.loads(lines[-1][len("RESULT") :])
     result["dirs"] = drafts
     result["target"] = str(target)
     return result
@@ -181,7 +240,7 @@ def test_weight_plan_matches_real_load(real: dict[str, Any], case: str) -> None:
     draft = read_draft_config(draft_dir)
     plan = plan_load(draft, read_checkpoint(draft_dir).shapes)
     if "construct_error" in got:
-        assert case == "draft_vocab_absent", got["construct_error"]
+        assert case == "draft_vocab_absent", got["construct_error"]  # the only case that cannot build
         return
     # the parameter set and shapes SGLang builds
     assert {k: list(p.shape) for k, p in plan.params.items()} == got["params"]

@@ -58,16 +58,18 @@ def test_dropped_keys(tmp_path: Path, target: Path) -> None:
     unused = _finding(res, "draft_weights_unused")
     crit = [f for f in unused if f.severity.value == "critical"]
     assert crit and set(crit[0].details["keys"]) == {"fc_norm.0.weight", "midlayers.1.mlp.down_proj.weight"}
-    assert any(f.severity.value == "info" and f.details["keys"] == ["verifier_lm_head.weight"]
-               for f in unused)
+    assert any(
+        f.severity.value == "info" and f.details["keys"] == ["verifier_lm_head.weight"] for f in unused
+    )
 
 
 def test_fc_norm_weights_load_when_flag_set(tmp_path: Path, target: Path) -> None:
     st = draft_state()
     for i in range(3):
         st[f"fc_norm.{i}.weight"] = torch.ones(H)
-    res = run_check(specforge_draft(tmp_path / "d", layer_ids=IDS, state=st, config_extra={"fc_norm": True}),
-                    target)
+    res = run_check(
+        specforge_draft(tmp_path / "d", layer_ids=IDS, state=st, config_extra={"fc_norm": True}), target
+    )
     assert problems(res) == []
     # legacy names (aux_norm_low/mid/high) map to fc_norm.0/1/2
     st2 = draft_state()
@@ -103,8 +105,12 @@ def test_embedding_replaced_by_target(tmp_path: Path, target: Path) -> None:
     res = run_check(d, target)
     emb = _finding(res, "draft_weights_unused")
     assert emb and emb[0].severity.value == "info" and "replaces" in emb[0].message
-    trained = specforge_draft(tmp_path / "t", layer_ids=IDS, state=draft_state(with_embed=True),
-                              config_extra={"embed_requires_grad": True})
+    trained = specforge_draft(
+        tmp_path / "t",
+        layer_ids=IDS,
+        state=draft_state(with_embed=True),
+        config_extra={"embed_requires_grad": True},
+    )
     assert _finding(run_check(trained, target), "draft_weights_unused")[0].severity.value == "warning"
 
 
@@ -125,9 +131,13 @@ def test_specforge_and_speculators_key_names_both_load(tmp_path: Path, target: P
 
 # ---- readers ---------------------------------------------------------------------------------
 
+
 def test_header_reader_reads_names_shapes_and_small_tensors(tmp_path: Path) -> None:
-    st = {"a": torch.arange(10, dtype=torch.int64), "b": torch.ones(3, 4, dtype=torch.bfloat16),
-          "m": torch.tensor([True, False, True])}
+    st = {
+        "a": torch.arange(10, dtype=torch.int64),
+        "b": torch.ones(3, 4, dtype=torch.bfloat16),
+        "m": torch.tensor([True, False, True]),
+    }
     save_file(st, str(tmp_path / "x.safetensors"), metadata={"format": "pt"})
     entries, meta = read_header(tmp_path / "x.safetensors")
     assert meta == {"format": "pt"}
@@ -168,8 +178,11 @@ def test_bin_draft_read_with_weights_only(tmp_path: Path, target: Path) -> None:
 def test_legacy_torch_save_format_is_read(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir()
-    torch.save({"d2t": torch.zeros(4, dtype=torch.int64), "fc.weight": torch.zeros(2, 6)},
-               d / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    torch.save(
+        {"d2t": torch.zeros(4, dtype=torch.int64), "fc.weight": torch.zeros(2, 6)},
+        d / "pytorch_model.bin",
+        _use_new_zipfile_serialization=False,
+    )
     ckpt = read_checkpoint(d)
     assert ckpt.shapes == {"d2t": (4,), "fc.weight": (2, 6)} and ckpt.load_small("d2t").tolist() == [0] * 4
 
@@ -192,3 +205,30 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(path))
+
+
+def test_kimi_mla_draft(tmp_path: Path) -> None:
+    """The Kimi MLA draft class: clean passes; no lm_head (F18) and a lone q_a/kv_a half are caught."""
+    from test_check_drafts import mla_draft, mla_state
+
+    target = target_config(tmp_path / "t", arch="KimiK25ForConditionalGeneration")
+    assert problems(run_check(mla_draft(tmp_path / "ok"), target)) == []
+    st = mla_state()
+    del st["lm_head.weight"]
+    del st["layers.0.self_attn.kv_a_proj_with_mqa.weight"]
+    res = run_check(mla_draft(tmp_path / "bad", state=st), target)
+    assert set(_finding(res, "draft_weights_missing")[0].details["params"]) == {
+        "lm_head.weight",
+        "model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight",
+    }
+    # MLA counts top-level ids for its fc (LlamaForCausalLMEagle3 does not), but the target still
+    # captures only the nested ids: 3 states sent to a 4-state fc
+    top4 = mla_draft(
+        tmp_path / "top4",
+        layer_ids=None,
+        state=mla_state(n_aux=4),
+        config_extra={"eagle_aux_hidden_state_layer_ids": [0, 1, 3, 4]},
+    )
+    res4 = run_check(top4, target)
+    assert not _finding(res4, "draft_shape_mismatch")
+    assert any("fc takes 256" in f.message for f in _finding(res4, "draft_input_width_mismatch"))

@@ -52,7 +52,7 @@ def check_flags(draft: DraftConfig) -> list[Finding]:
     """Config flags that change the draft's math and that this SGLang release ignores."""
     findings: list[Finding] = []
     # speculators writes "target_hidden_size": null by default; its conversion rewrites the config
-    if draft.format is not DraftFormat.SPECULATORS and draft.has_target_hidden_size \
+    if draft.arch == "LlamaForCausalLMEagle3" and draft.has_target_hidden_size \
             and draft.target_hidden_size is None:
         findings.append(Finding(
             Code.DRAFT_FORMAT, Severity.CRITICAL,
@@ -73,6 +73,12 @@ def check_flags(draft: DraftConfig) -> list[Finding]:
             "hidden_norm; SGLang 0.5.23 has no such branch and uses the raw fc output as residual",
             "serve with an engine that honours norm_before_residual, or retrain with it false",
             expected="norm_before_residual=true honoured", observed="ignored"))
+    if draft.arch == "Eagle3DeepseekV2ForCausalLM" and draft.flag("norm_before_fc"):
+        findings.append(Finding(
+            Code.DRAFT_FORMAT, Severity.CRITICAL,
+            "norm_before_fc is set, but SGLang 0.5.23's MLA draft (Eagle3DeepseekV2ForCausalLM) has no input "
+            "norm: the aux states reach the fc unnormalised",
+            "serve with an engine that honours norm_before_fc for MLA drafts, or retrain without it"))
     nested = draft.eagle_config if isinstance(draft.eagle_config, dict) else {}
     for name in _TOP_LEVEL_ONLY_FLAGS:
         if nested.get(name) and not draft.raw.get(name):

@@ -21,7 +21,7 @@ from hs_tracer.preflight.format_checks import check_flags, check_format
 from hs_tracer.preflight.spec_args import SpecResolution, resolve_spec_args, spec_findings
 from hs_tracer.preflight.vocab_map import check_vocab_mapping
 from hs_tracer.preflight.weight_checks import check_weights
-from hs_tracer.preflight.weight_map import fc_input_hidden, num_aux_states
+from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
 
 SUPPORTED_ENGINES = ("sglang==0.5.23",)
 
@@ -76,7 +76,7 @@ def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | No
         draft_is_eagle3=draft.format in (DraftFormat.SGLANG, DraftFormat.SPECULATORS, DraftFormat.EAGLE),
         fc_in_features=fc_in,
         draft_num_aux_states=num_aux_states(draft),
-        draft_input_hidden=fc_input_hidden(draft) if draft.has_target_hidden_size else draft.hidden_size,
+        draft_input_hidden=fc_input_hidden(draft),
         graph_width=graph_width(draft, algorithm),
     )
 
@@ -132,13 +132,12 @@ def run_check(
         findings += check_profile_target(provenance, tgt.num_hidden_layers, tgt.hidden_size)
     ckpt = read_checkpoint(draft_dir)
 
-    d2t_keys: list[str] = []
-    t2d_keys: list[str] = []
-    if draft.arch == "Eagle3DeepseekV2ForCausalLM":
+    missing_dims = mla_dims_missing(draft) if is_mla(draft) else []
+    if missing_dims:
         findings.append(Finding(
-            Code.DRAFT_FORMAT, Severity.INFO,
-            "the weight-name check covers LlamaForCausalLMEagle3; Eagle3DeepseekV2ForCausalLM (Kimi MLA "
-            "draft) weights were not checked (its loader warns on unexpected names itself)", ""))
+            Code.DRAFT_FORMAT, Severity.WARNING,
+            f"the MLA draft config does not state {missing_dims}: SGLang falls back to DeepseekV3Config "
+            "defaults, so its weights were not checked", "state the MLA dims in config.json"))
         # kimi_k25_eagle3.py load_weights: name == "d2t" or name.endswith(".d2t") (same for t2d)
         d2t_keys = [k for k in ckpt.shapes if k == "d2t" or k.endswith(".d2t")]
         t2d_keys = [k for k in ckpt.shapes if k == "t2d" or k.endswith(".t2d")]

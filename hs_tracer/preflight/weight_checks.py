@@ -40,8 +40,9 @@ def check_weights(draft: DraftConfig, ckpt: Checkpoint) -> tuple[list[Finding], 
             findings.append(Finding(
                 Code.DRAFT_INPUT_WIDTH_MISMATCH, Severity.CRITICAL,
                 f"{key} is {list(got)} ({states} states of {h_in}), SGLang builds fc as {list(want)} "
-                f"({num_aux_states(draft)} states: num_aux_hidden_states, else len(eagle_config ids), else "
-                "3); loading fails with a shape assertion (vllm issue #54526 for the same 4-vs-3 case)",
+                f"({num_aux_states(draft)} states, counted from the config's layer ids or "
+                "num_aux_hidden_states, default 3); loading fails with a shape assertion (vllm issue "
+                "#54526 for the same 4-vs-3 case)",
                 "make eagle_config.eagle_aux_hidden_state_layer_ids (or num_aux_hidden_states) list as many "
                 "layers as the fc was trained on", expected=str(list(want)), observed=str(list(got)),
                 details={"key": key}))

@@ -1,16 +1,23 @@
-"""The parameters SGLang 0.5.23's ``LlamaForCausalLMEagle3`` has, and where each checkpoint key goes.
+"""The parameters SGLang 0.5.23's EAGLE-3 draft classes have, and where each checkpoint key goes.
 
-Mirrors sglang/srt/models/llama_eagle3.py (0.5.23): ``LlamaModel.__init__`` (fc width = target
-hidden x num aux, optional ``input_norm`` / ``fc_norm``, decoder layer 0 with a 2H-wide qkv) and
-``LlamaForCausalLMEagle3.load_weights``: the legacy renames (``midlayer`` -> ``layers.0``,
-``aux_norm_*`` -> ``fc_norm.*``) applied as substring replacements, ``d2t``/``t2d`` consumed by name,
-q/k/v and gate/up stacked into ``qkv_proj``/``gate_up_proj``, a name tried as is and then with a
-``model.`` prefix, and anything else dropped without a word. tests/test_check_weights.py checks this
-mirror against the real class built on CPU.
+``LlamaForCausalLMEagle3`` (sglang/srt/models/llama_eagle3.py): ``LlamaModel.__init__`` (fc width =
+target hidden x num aux, optional ``input_norm`` / ``fc_norm``, decoder layer 0 with a 2H-wide qkv)
+and ``load_weights``: the legacy renames (``midlayer`` -> ``layers.0``, ``aux_norm_*`` -> ``fc_norm.*``)
+applied as substring replacements, any name containing ``d2t``/``t2d`` consumed, q/k/v and gate/up
+stacked into ``qkv_proj``/``gate_up_proj``, a name tried as is and then with a ``model.`` prefix,
+anything else dropped without a word.
+
+``Eagle3DeepseekV2ForCausalLM`` (sglang/srt/models/kimi_k25_eagle3.py, the Kimi MLA draft):
+``^layers.0.`` -> ``midlayer.``, a ``model.`` prefix for all but ``lm_head``, gate/up stacked,
+``q_a_proj`` + ``kv_a_proj_with_mqa`` fused into ``fused_qkv_a_proj_with_mqa`` (2H wide) only when
+both arrive, ``d2t``/``t2d`` by exact name or ``.d2t`` suffix, anything else dropped with a log line.
+
+tests/test_check_sglang_real.py checks both mirrors against the real classes built on CPU.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hs_tracer.preflight.config import DraftConfig
@@ -48,16 +55,39 @@ class KeyTarget:
     shard: object = None
 
 
+MLA_ARCH = "Eagle3DeepseekV2ForCausalLM"
+_MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def is_mla(draft: DraftConfig) -> bool:
+    return draft.arch == MLA_ARCH
+
+
 def num_aux_states(draft: DraftConfig) -> int:
-    """``LlamaModel.num_aux_hidden_states``: explicit attr, else len(nested ids), else 3."""
+    """How many aux states the draft's fc takes.
+
+    Llama: ``num_aux_hidden_states``, else len(nested ids), else 3. MLA
+    (``_get_eagle_aux_layer_count``): len(nested ids), else len(top-level ids), else 3.
+    """
+    if is_mla(draft):
+        ids = draft.nested_layer_ids or draft.top_level_layer_ids
+        return len(ids) if ids else 3
     if draft.num_aux_hidden_states is not None:
         return draft.num_aux_hidden_states
     return len(draft.nested_layer_ids) if draft.nested_layer_ids else 3
 
 
 def fc_input_hidden(draft: DraftConfig) -> int | None:
-    """``hidden_size_in``: ``target_hidden_size`` whenever the key exists (None crashes SGLang)."""
+    """Width of one aux state at the fc. Llama: ``target_hidden_size`` whenever the key exists (a null
+    crashes SGLang); MLA: ``target_hidden_size or hidden_size``."""
+    if is_mla(draft):
+        return draft.target_hidden_size or draft.hidden_size
     return draft.target_hidden_size if draft.has_target_hidden_size else draft.hidden_size
+
+
+def mla_dims_missing(draft: DraftConfig) -> list[str]:
+    """MLA dims the config must state for the mirror (SGLang would use DeepseekV3Config defaults)."""
+    return [k for k in _MLA_DIMS if not isinstance(draft.raw.get(k), int)]
 
 
 def uses_fc_norm(draft: DraftConfig) -> bool:
@@ -69,7 +99,9 @@ def uses_norm_before_fc(draft: DraftConfig) -> bool:
 
 
 def sglang_params(draft: DraftConfig) -> dict[str, Param]:
-    """Every parameter ``LlamaForCausalLMEagle3(draft)`` registers, with its full shape."""
+    """Every parameter the SGLang draft class registers for this config, with its full shape."""
+    if is_mla(draft):
+        return _mla_params(draft)
     h = draft.hidden_size
     h_in = fc_input_hidden(draft) or h
     k = num_aux_states(draft)
@@ -106,8 +138,44 @@ def sglang_params(draft: DraftConfig) -> dict[str, Param]:
     return {x.name: x for x in params}
 
 
-def route_key(name: str, params: dict[str, Param]) -> KeyTarget:
+def _mla_params(draft: DraftConfig) -> dict[str, Param]:
+    h, raw = draft.hidden_size, draft.raw
+    h_in = fc_input_hidden(draft) or h
+    k = num_aux_states(draft)
+    heads, inter = draft.num_attention_heads, draft.intermediate_size
+    q_lora, kv_lora = raw["q_lora_rank"], raw["kv_lora_rank"]
+    nope, rope, v = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"], raw["v_head_dim"]
+    a = "model.midlayer.self_attn"
+    params = [Param("model.embed_tokens.weight", (draft.vocab_size or 0, h)),
+              Param("model.fc.weight", (h, h_in * k))]
+    if draft.fc_bias:
+        params.append(Param("model.fc.bias", (h,)))
+    if uses_fc_norm(draft):
+        params.extend(Param(f"model.fc_norm.{i}.weight", (h_in,)) for i in range(k))
+    params += [
+        Param(f"{a}.fused_qkv_a_proj_with_mqa.weight", (q_lora + kv_lora + rope, 2 * h),
+              {"q_a": (q_lora, 2 * h), "kv_a": (kv_lora + rope, 2 * h)}),
+        Param(f"{a}.q_a_layernorm.weight", (q_lora,)),
+        Param(f"{a}.q_b_proj.weight", (heads * (nope + rope), q_lora)),
+        Param(f"{a}.kv_a_layernorm.weight", (kv_lora,)),
+        Param(f"{a}.kv_b_proj.weight", (heads * (nope + v), kv_lora)),
+        Param(f"{a}.o_proj.weight", (h, heads * v)),
+        Param("model.midlayer.mlp.gate_up_proj.weight", (2 * inter, h), {0: (inter, h), 1: (inter, h)}),
+        Param("model.midlayer.mlp.down_proj.weight", (h, inter)),
+        Param("model.midlayer.input_layernorm.weight", (h,)),
+        Param("model.midlayer.hidden_norm.weight", (h,)),
+        Param("model.midlayer.post_attention_layernorm.weight", (h,)),
+        Param("model.norm.weight", (h,)),
+    ]
+    if not draft.tie_word_embeddings:
+        params.append(Param("lm_head.weight", (draft.draft_vocab_size or draft.vocab_size or 0, h)))
+    return {x.name: x for x in params}
+
+
+def route_key(name: str, params: dict[str, Param], *, mla: bool = False) -> KeyTarget:
     """Where ``load_weights`` sends checkpoint key ``name`` (same order of tests as SGLang)."""
+    if mla:
+        return _route_key_mla(name, params)
     for legacy, new in LEGACY_NAME_MAP.items():
         if legacy in name:
             name = name.replace(legacy, new)
@@ -125,6 +193,25 @@ def route_key(name: str, params: dict[str, Param]) -> KeyTarget:
     return KeyTarget("param", full) if full in params else KeyTarget("dropped")
 
 
+def _route_key_mla(name: str, params: dict[str, Param]) -> KeyTarget:
+    if name == "d2t" or name.endswith(".d2t"):
+        return KeyTarget("d2t")
+    if name == "t2d" or name.endswith(".t2d"):
+        return KeyTarget("t2d")
+    mapped = re.sub(r"^layers\.0\.", "midlayer.", name)
+    if not mapped.startswith("lm_head."):
+        mapped = f"model.{mapped}"
+    for param_name, weight_name, shard in STACKED[3:]:  # gate/up only
+        if weight_name in mapped and mapped.replace(weight_name, param_name) in params:
+            return KeyTarget("param", mapped.replace(weight_name, param_name), shard)
+    if "q_a_proj" in mapped or "kv_a_proj_with_mqa" in mapped:
+        q_name = mapped if "q_a_proj" in mapped else mapped.replace("kv_a_proj_with_mqa", "q_a_proj")
+        fused = q_name.replace("q_a_proj", "fused_qkv_a_proj_with_mqa")
+        shard = "q_a" if "q_a_proj" in mapped else "kv_a"
+        return KeyTarget("param", fused, shard) if fused in params else KeyTarget("dropped")
+    return KeyTarget("param", mapped) if mapped in params else KeyTarget("dropped")
+
+
 def load_lm_head_from_target(draft: DraftConfig) -> bool:
     """SGLang replaces the draft head with the target's when no draft vocab is declared."""
     return not draft.tie_word_embeddings and draft.draft_vocab_size is None
@@ -135,6 +222,8 @@ def embed_replaced_by_target(draft: DraftConfig) -> bool:
     ``set_embed`` keeps the draft's own only when ``target_hidden_size != hidden_size``."""
     if load_lm_head_from_target(draft):
         return True
+    if is_mla(draft):  # its set_embed also ignores a null target_hidden_size
+        return draft.target_hidden_size is None or draft.target_hidden_size == draft.hidden_size
     return not (draft.has_target_hidden_size and draft.target_hidden_size != draft.hidden_size)
 
 
@@ -168,7 +257,7 @@ def plan_load(draft: DraftConfig, shapes: dict[str, tuple[int, ...]]) -> LoadPla
     params = sglang_params(draft)
     plan = LoadPlan(params=params, routes={}, loaded={}, shape_errors=[])
     for key, shape in shapes.items():
-        route = route_key(key, params)
+        route = route_key(key, params, mla=is_mla(draft))
         plan.routes[key] = route
         if route.kind != "param":
             continue

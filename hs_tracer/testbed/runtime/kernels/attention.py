@@ -2,9 +2,10 @@
 ``extend_attention_cpu``), with the argument order SGLang 0.5.23's ``IntelAMXAttnBackend`` passes.
 
 Why: SGLang's EAGLE path on CPU only runs on the ``intel_amx`` attention backend, whose kernels are
-C++ ops of a CPU sgl-kernel build that is not published. These versions are slow (a Python loop over
-requests) but exact, which is what a testbed needs. Both compute in float32 and write into the
-caller's output buffer, as the C++ ops do.
+C++ ops of a CPU sgl-kernel build that is not published. These versions pad the batch to its
+longest sequence and run plain batched matmuls: wasteful for long prompts, exact, and small enough
+to read, which is what a testbed needs. Both compute in float32 and write into the caller's output
+buffer, as the C++ ops do.
 
 Semantics (read from the backend's call sites and the kernel contracts):
 * KV layout: ``req_to_token[req_pool_indices[b], j]`` is the KV-pool row of token j of request b.
@@ -28,17 +29,7 @@ import torch
 __all__ = ["decode_attention", "extend_attention"]
 
 
-def _expand_kv_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """[S, Hkv, D] -> [S, H, D] for grouped-query attention."""
-    num_kv_heads = x.shape[1]
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(f"query heads {num_heads} are not a multiple of kv heads {num_kv_heads}")
-    if num_kv_heads == num_heads:
-        return x
-    return x.repeat_interleave(num_heads // num_kv_heads, dim=1)
-
-
-def _attend(
+def _attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -47,24 +38,32 @@ def _attend(
     logit_cap: float,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Masked softmax attention in float32. q [M, H, D], k [S, H, D], v [S, H, Dv],
-    allowed [M, S] bool -> [M, H, Dv]."""
-    scores = torch.einsum("mhd,shd->hms", q, k) * sm_scale
+    """Batched masked softmax attention in float32 with grouped KV heads.
+
+    q [B, M, H, D], k [B, S, Hkv, D], v [B, S, Hkv, Dv], allowed [B, M, S] bool -> [B, M, H, Dv].
+    Query head h reads KV head h // (H / Hkv), as SGLang's kernels do. Rows with no allowed key
+    (padding) come out as zeros.
+    """
+    batch, m, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    if heads % kv_heads != 0:
+        raise ValueError(f"query heads {heads} are not a multiple of kv heads {kv_heads}")
+    group = heads // kv_heads
+    qg = q.view(batch, m, kv_heads, group, dim).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, M, D]
+    kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # [B, Hkv, 1, D, S]
+    scores = torch.matmul(qg, kt) * sm_scale  # [B, Hkv, G, M, S]
     if logit_cap > 0:
         scores = logit_cap * torch.tanh(scores / logit_cap)
-    scores = scores.masked_fill(~allowed.unsqueeze(0), float("-inf"))
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     if sinks is not None:
-        sink = sinks.to(torch.float32).view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+        sink = sinks.to(torch.float32).view(1, kv_heads, group, 1, 1).expand(batch, -1, -1, m, 1)
         scores = torch.cat([scores, sink], dim=-1)
     probs = torch.softmax(scores, dim=-1)
     if sinks is not None:
         probs = probs[..., :-1]
-    return torch.einsum("hms,shd->mhd", probs, v)
-
-
-def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int) -> torch.Tensor:
-    """True where key position k is inside the window of query position q."""
-    return (q_pos.view(-1, 1) - k_pos.view(1, -1)) < sliding_window
+    probs = torch.nan_to_num(probs, nan=0.0)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3).unsqueeze(2))  # [B, Hkv, G, M, Dv]
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, m, heads, v.shape[-1])
 
 
 def _reject_cross_attention(is_cross_attention: bool, encoder_lens: torch.Tensor | None) -> None:
@@ -75,9 +74,30 @@ def _reject_cross_attention(is_cross_attention: bool, encoder_lens: torch.Tensor
         )
 
 
-def _load_kv(buffer: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
-    out = buffer[rows].to(torch.float32)
+def _gather_kv(buffer: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, scale: float) -> torch.Tensor:
+    """buffer rows [B, S] (only where valid) -> float32 [B, S, Hkv, D], scaled."""
+    out = buffer[rows.masked_fill(~valid, 0)].to(torch.float32)
     return out * scale if scale != 1.0 else out
+
+
+def _extend_block_mask(
+    tree_mask: torch.Tensor | None, is_causal: bool, ext_lens: list[int], width: int
+) -> torch.Tensor:
+    """[B, width, width] visibility among each request's extend tokens (query, key)."""
+    batch = len(ext_lens)
+    if tree_mask is None:
+        block = torch.ones(width, width, dtype=torch.bool)
+        if is_causal:
+            block = block.tril()
+        return block.expand(batch, width, width)
+    if all(n == width for n in ext_lens):
+        return tree_mask[: batch * width * width].view(batch, width, width).to("cpu", torch.bool)
+    out = torch.zeros(batch, width, width, dtype=torch.bool)
+    offset = 0
+    for b, n in enumerate(ext_lens):
+        out[b, :n, :n] = tree_mask[offset : offset + n * n].view(n, n)
+        offset += n * n
+    return out
 
 
 def extend_attention(
@@ -106,47 +126,44 @@ def extend_attention(
 ) -> None:
     """Prefix + extend attention for a batch of requests; writes ``o_extend`` [T, H, Dv]."""
     _reject_cross_attention(is_cross_attention, encoder_lens)
-    num_heads = q_extend.shape[1]
-    seq_lens_l = seq_lens.tolist()
-    ext_lens_l = extend_seq_lens.tolist()
-    starts_l = extend_start_loc.tolist()
-    pools_l = req_pool_indices.tolist()
-    mask_offset = 0
-    for b, (seq_len, ext_len, start, pool_idx) in enumerate(
-        zip(seq_lens_l, ext_lens_l, starts_l, pools_l, strict=True)
-    ):
-        if ext_len == 0:
-            continue
-        prefix_len = seq_len - ext_len
-        if prefix_len < 0:
-            raise ValueError(f"request {b}: extend length {ext_len} exceeds seq_len {seq_len}")
-        rows = req_to_token[pool_idx, :seq_len].to(torch.int64)
-        k_prefix = _load_kv(k_buffer, rows[:prefix_len], key_scale)
-        v_prefix = _load_kv(v_buffer, rows[:prefix_len], value_scale)
-        if k_extend is not None and v_extend is not None:
-            k_new = k_extend[start : start + ext_len].to(torch.float32)
-            v_new = v_extend[start : start + ext_len].to(torch.float32)
-        else:
-            k_new = _load_kv(k_buffer, rows[prefix_len:], key_scale)
-            v_new = _load_kv(v_buffer, rows[prefix_len:], value_scale)
-        keys = _expand_kv_heads(torch.cat([k_prefix, k_new]), num_heads)
-        values = _expand_kv_heads(torch.cat([v_prefix, v_new]), num_heads)
+    seq = seq_lens.to(torch.int64)
+    ext = extend_seq_lens.to(torch.int64)
+    prefix = seq - ext
+    if bool((prefix < 0).any()):
+        raise ValueError(f"extend lengths {ext.tolist()} exceed seq_lens {seq.tolist()}")
+    ext_l = ext.tolist()
+    width = max(ext_l, default=0)
+    if width == 0:
+        return
+    batch, span = len(ext_l), int(seq.max())
+    pos = torch.arange(span)
+    valid = pos.view(1, -1) < seq.view(-1, 1)  # [B, S]
+    rows = req_to_token[req_pool_indices.to(torch.int64), :span].to(torch.int64)
+    keys = _gather_kv(k_buffer, rows, valid, key_scale)
+    values = _gather_kv(v_buffer, rows, valid, value_scale)
 
-        if tree_mask is not None:
-            block = tree_mask[mask_offset : mask_offset + ext_len * ext_len].view(ext_len, ext_len)
-            mask_offset += ext_len * ext_len
-        elif is_causal:
-            block = torch.ones(ext_len, ext_len, dtype=torch.bool).tril_()
-        else:
-            block = torch.ones(ext_len, ext_len, dtype=torch.bool)
-        allowed = torch.cat([torch.ones(ext_len, prefix_len, dtype=torch.bool), block.to("cpu")], dim=1)
-        if sliding_window > 0:
-            q_pos = torch.arange(prefix_len, seq_len)
-            allowed &= _window_mask(q_pos, torch.arange(seq_len), sliding_window)
+    # token t of the batch is extend position i of request b, at sequence position prefix_b + i
+    tok_b = torch.repeat_interleave(torch.arange(batch), ext)
+    tok_i = torch.arange(int(ext.sum())) - torch.repeat_interleave(torch.cumsum(ext, 0) - ext, ext)
+    tok_src = extend_start_loc.to(torch.int64)[tok_b] + tok_i
+    if k_extend is not None and v_extend is not None:
+        keys[tok_b, prefix[tok_b] + tok_i] = k_extend[tok_src].to(torch.float32)
+        values[tok_b, prefix[tok_b] + tok_i] = v_extend[tok_src].to(torch.float32)
+    q = q_extend.new_zeros((batch, width, *q_extend.shape[1:]), dtype=torch.float32)
+    q[tok_b, tok_i] = q_extend[tok_src].to(torch.float32)
 
-        q = q_extend[start : start + ext_len].to(torch.float32)
-        out = _attend(q, keys, values, allowed, sm_scale, logit_cap, sinks)
-        o_extend[start : start + ext_len] = out.to(o_extend.dtype)
+    # key j is visible to query i of request b if j is in b's prefix, or j is extend key
+    # j - prefix_b that the causal/tree mask lets i see
+    block = _extend_block_mask(tree_mask, is_causal, ext_l, width)  # [B, W, W]
+    rel = pos.view(1, 1, -1) - prefix.view(-1, 1, 1)  # [B, 1, S] key position within the extend part
+    in_ext = (rel >= 0) & valid.unsqueeze(1)
+    ext_visible = torch.gather(block, 2, rel.clamp(0, width - 1).expand(batch, width, span))
+    allowed = (valid.unsqueeze(1) & (rel < 0)) | (in_ext & ext_visible)
+    if sliding_window > 0:
+        q_pos = prefix.view(-1, 1, 1) + torch.arange(width).view(1, -1, 1)
+        allowed &= (q_pos - pos.view(1, 1, -1)) < sliding_window
+    out = _attention(q, keys, values, allowed, sm_scale, logit_cap, sinks)
+    o_extend[tok_src] = out[tok_b, tok_i].to(o_extend.dtype)
 
 
 def decode_attention(
@@ -177,16 +194,21 @@ def decode_attention(
     if key is not None and value is not None:
         if k_cache.dtype.is_floating_point and k_cache.dtype.itemsize == 1:
             raise NotImplementedError("the testbed's CPU decode attention does not store FP8 KV")
-        rows = loc.to(torch.int64)
-        k_cache[rows] = key.to(k_cache.dtype)
-        v_cache[rows] = value.to(v_cache.dtype)
-    num_heads = query.shape[1]
-    for b, (seq_len, pool_idx) in enumerate(zip(seq_lens.tolist(), req_pool_indices.tolist(), strict=True)):
-        rows = req_to_token[pool_idx, :seq_len].to(torch.int64)
-        keys = _expand_kv_heads(_load_kv(k_cache, rows, key_scale), num_heads)
-        values = _expand_kv_heads(_load_kv(v_cache, rows, value_scale), num_heads)
-        allowed = torch.ones(1, seq_len, dtype=torch.bool)
-        if sliding_window > 0:
-            allowed &= _window_mask(torch.tensor([seq_len - 1]), torch.arange(seq_len), sliding_window)
-        q = query[b : b + 1].to(torch.float32)
-        output[b : b + 1] = _attend(q, keys, values, allowed, sm_scale, logit_cap, sinks).to(output.dtype)
+        slots = loc.to(torch.int64)
+        k_cache[slots] = key.to(k_cache.dtype)
+        v_cache[slots] = value.to(v_cache.dtype)
+    seq = seq_lens.to(torch.int64)
+    if seq.numel() == 0:
+        return
+    span = int(seq.max())
+    pos = torch.arange(span)
+    valid = pos.view(1, -1) < seq.view(-1, 1)
+    rows = req_to_token[req_pool_indices.to(torch.int64), :span].to(torch.int64)
+    keys = _gather_kv(k_cache, rows, valid, key_scale)
+    values = _gather_kv(v_cache, rows, valid, value_scale)
+    allowed = valid
+    if sliding_window > 0:
+        allowed = allowed & ((seq.view(-1, 1) - 1 - pos.view(1, -1)) < sliding_window)
+    q = query.to(torch.float32).unsqueeze(1)
+    out = _attention(q, keys, values, allowed.unsqueeze(1), sm_scale, logit_cap, sinks)
+    output.copy_(out[:, 0].to(output.dtype))

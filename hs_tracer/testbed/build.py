@@ -40,8 +40,8 @@ class Recipe:
     draft_docs: int = 1000
     atlas_docs: int = 64
     eval_seed: int = 2
-    eval_prompts: int = 24
-    eval_new_tokens: int = 32
+    eval_prompts: int = 16
+    eval_new_tokens: int = 24
     num_steps: int = 3
 
     @classmethod
@@ -241,6 +241,7 @@ def wiring_variants(num_layers: int) -> dict[str, list[int]]:
         "off_by_one": [i + 1 for i in c_out],
         "one_early": [i - 1 for i in c_out],
         "slots_reversed": c_out[::-1],
+        "embedding_in_slot0": [-1, *c_out[1:]],
         "last_three": [num_layers - 3, num_layers - 2, num_layers - 1],
     }
 

@@ -38,7 +38,7 @@ class DraftRecipe:
     batch_size: int = 16
     lr: float = 3e-3
     step_decay: float = 0.8
-    token_dropout: float = 0.0
+    token_dropout: float = 0.9
     seed: int = 0
 
 

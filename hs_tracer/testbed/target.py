@@ -49,7 +49,7 @@ class TargetRecipe:
     max_position: int = 512
     rope_theta: float = 10000.0
     seed: int = 0
-    train_steps: int = 600
+    train_steps: int = 800
     batch_size: int = 16
     seq_len: int = 64
     lr: float = 3e-3

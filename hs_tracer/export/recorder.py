@@ -84,6 +84,8 @@ class Recorder(threading.Thread):
                     rec = None
                 if rec is not None:
                     self._on_step(rec)
+                if self.st.capture is not None:
+                    self.st.capture.poll()  # sampled draft inputs whose host copy completed -> disk
                 changed = self._on_window()
                 now = time.monotonic()
                 if changed or (rec is not None and now - last_report > REPORT_EVERY_S):
@@ -125,6 +127,8 @@ class Recorder(threading.Thread):
     # ---- per record --------------------------------------------------------------------------------
     def _on_step(self, rec: StepRecord) -> None:
         self.acceptance.add(rec.accept_lengths, rec.num_draft_tokens)
+        if self.st.capture is not None:
+            self.st.capture.note_accept_lengths(rec.accept_lengths)
         if rec.digest is not None:
             self.nonfinite += sum(slot.nonfinite for slot in rec.digest.slots)
         self._prom.record_step(rec)

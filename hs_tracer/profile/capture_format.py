@@ -15,6 +15,14 @@ null), ``num_layers`` (target depth, or null), ``target_arch``, ``producer`` (fr
 only ``format``, ``version``, ``num_slots``, ``hidden_size`` and ``shards``; ``features`` may be wider
 or narrower than K*H when the wiring is broken (that is what diagnosis looks for).
 
+Live captures (:mod:`hs_tracer.export.capture`) add, all optional: ``model``, ``target_path``,
+``sglang_version``, ``sample_rate`` (fraction of steps captured), ``rows`` (which draft inputs the
+rows are, e.g. ``"prefill_draft_extend"``), ``wiring`` (the WiringRecord as JSON), ``next_shard``
+(the index the next shard file gets: rotation deletes the oldest shards, names are never reused),
+``skipped`` (captures dropped: writer behind or shard larger than the size bound). Shards may hold
+extra int64 tensors: ``extend_lens`` [R] (rows per request, in row order) and ``next_token_ids`` [R]
+(the token SGLang appends after each request's last row).
+
 Captured hidden states are user data (prompts can be reconstructed from them): files are written 0600.
 """
 
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ import numpy as np
 FORMAT = "hs_tracer_capture"
 VERSION = 1
 MANIFEST = "manifest.json"
+_CORE_KEYS = frozenset({"features", "input_ids", "positions", "accept_lengths"})
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -52,6 +61,14 @@ class CaptureManifest:
     target_arch: str | None = None
     producer: str = "hs_tracer"
     shards: list[dict[str, Any]] = field(default_factory=list)
+    model: str | None = None
+    target_path: str | None = None
+    sglang_version: str | None = None
+    sample_rate: float | None = None
+    rows: str | None = None
+    wiring: dict[str, Any] | None = None
+    next_shard: int | None = None
+    skipped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, **self.__dict__}
@@ -75,6 +92,14 @@ class CaptureManifest:
                 target_arch=data.get("target_arch"),
                 producer=str(data.get("producer", "")),
                 shards=list(data["shards"]),
+                model=data.get("model"),
+                target_path=data.get("target_path"),
+                sglang_version=data.get("sglang_version"),
+                sample_rate=data.get("sample_rate"),
+                rows=data.get("rows"),
+                wiring=data.get("wiring"),
+                next_shard=data.get("next_shard"),
+                skipped=int(data.get("skipped", 0) or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
@@ -116,8 +141,10 @@ class CaptureWriter:
         input_ids=None,
         positions=None,
         accept_lengths: Sequence[int] | None = None,
+        extras: Mapping[str, Any] | None = None,
     ) -> Path:
-        """One shard: ``features`` [N, width] (torch tensor of any float dtype, e.g. bf16, or numpy)."""
+        """One shard: ``features`` [N, width] (torch tensor of any float dtype, e.g. bf16, or numpy);
+        ``extras``: more int64 tensors by name (e.g. ``extend_lens``, ``next_token_ids``)."""
         import torch
         from safetensors.torch import save
 
@@ -132,12 +159,31 @@ class CaptureWriter:
         tensors = {"features": feats, "input_ids": ints(input_ids), "positions": ints(positions)}
         if accept_lengths is not None:
             tensors["accept_lengths"] = ints(accept_lengths)
-        name = f"capture_{len(self.manifest.shards):05d}.safetensors"
+        for key, value in (extras or {}).items():
+            tensors[key] = torch.as_tensor(np.asarray(value), dtype=torch.int64)
+        index = len(self.manifest.shards) if self.manifest.next_shard is None else self.manifest.next_shard
+        name = f"capture_{index:05d}.safetensors"
         _write_private(self.path / name, save(tensors))
         self.manifest.shards.append({"file": name, "tokens": n})
+        self.manifest.next_shard = index + 1
         self.manifest.dtype = str(feats.dtype).replace("torch.", "")
-        _write_private(self.path / MANIFEST, json.dumps(self.manifest.to_json(), indent=2).encode())
+        self.write_manifest()
         return self.path / name
+
+    def write_manifest(self) -> None:
+        """Rewrite ``manifest.json`` (atomically: readers never see a half-written one)."""
+        tmp = self.path / f".{MANIFEST}.tmp"
+        _write_private(tmp, json.dumps(self.manifest.to_json(), indent=2).encode())
+        tmp.replace(self.path / MANIFEST)
+
+    def drop_oldest(self) -> int:
+        """Delete the oldest shard (rotation); returns the bytes freed."""
+        shard = self.manifest.shards.pop(0)
+        file = self.path / shard["file"]
+        size = file.stat().st_size if file.exists() else 0
+        self.write_manifest()  # first forget it, then delete: a reader never sees a missing file listed
+        file.unlink(missing_ok=True)
+        return size
 
 
 @dataclass
@@ -146,6 +192,7 @@ class CaptureShard:
     input_ids: np.ndarray
     positions: np.ndarray
     accept_lengths: np.ndarray | None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. extend_lens, next_token_ids
 
 
 def iter_shards(path: Path, manifest: CaptureManifest | None = None) -> Iterator[tuple[str, CaptureShard]]:
@@ -161,4 +208,5 @@ def iter_shards(path: Path, manifest: CaptureManifest | None = None) -> Iterator
             ids = f.get_tensor("input_ids").numpy() if "input_ids" in keys else np.full(len(feats), -1)
             pos = f.get_tensor("positions").numpy() if "positions" in keys else np.full(len(feats), -1)
             acc = f.get_tensor("accept_lengths").numpy() if "accept_lengths" in keys else None
-        yield shard["file"], CaptureShard(feats, ids, pos, acc)
+            extras = {k: f.get_tensor(k).numpy() for k in sorted(keys - _CORE_KEYS)}
+        yield shard["file"], CaptureShard(feats, ids, pos, acc, extras)

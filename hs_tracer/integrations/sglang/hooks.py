@@ -123,10 +123,12 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, b
 
 
 @state.guarded("EagleDraftWorker._draft_extend_for_prefill")
-def before_draft_extend_for_prefill(st: TracerState, _worker: Any, _batch: Any,
-                                    target_hidden_states: Any, *_a: Any, **_k: Any) -> None:
-    """The [extend_tokens, K*H] features of a prefill."""
+def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
+                                    target_hidden_states: Any, next_token_ids: Any = None,
+                                    *_a: Any, **_k: Any) -> None:
+    """The [extend_tokens, K*H] features of a prefill (and, when capturing, a sampled copy)."""
     st.observe(target_hidden_states)
+    st.capture_prefill(batch, target_hidden_states, next_token_ids)
 
 
 @state.guarded("SchedulerBatchResultProcessor._resolve_spec_v2_tokens")

@@ -28,6 +28,7 @@ from hs_tracer.records import Ranks, StepRecord, WiringRecord
 
 if TYPE_CHECKING:
     from hs_tracer.diagnosis.findings import Finding
+    from hs_tracer.export.capture import CaptureSink
     from hs_tracer.export.recorder import Recorder
     from hs_tracer.fingerprint.probe import FingerprintProbe
 
@@ -64,6 +65,7 @@ class TracerState:
     dropped: int = 0
     host_overhead_s: float = 0.0  # last step's host time in the per-step hooks
     recorder: Recorder | None = None
+    capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
     queue: queue.Queue[StepRecord] = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -141,6 +143,11 @@ class TracerState:
         if self.emitting:
             from hs_tracer.export.recorder import Recorder
 
+            if self.config.capture_dir is not None:
+                from hs_tracer.export.capture import make_sink
+
+                self.capture = make_sink(self.config.capture_dir, self.wiring, self.config.capture_rate,
+                                         self.config.capture_max_bytes, self.ranks, t.get("model_path"))
             self.recorder = Recorder(self)
             self.recorder.start()
         self.write_report()
@@ -170,6 +177,15 @@ class TracerState:
                 probe.end_window()
                 self.tokens_in_window = 0
         self.host_overhead_s = time.perf_counter() - started
+
+    def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any) -> None:
+        """Offer a prefill's draft input to the capture sink (sampling + async host copy only)."""
+        if self.capture is None or not self.emitting or features is None:
+            return
+        started = time.perf_counter()
+        self.capture.offer_prefill(features, batch.input_ids, next_token_ids, batch.prefix_lens,
+                                   batch.extend_lens)
+        self.host_overhead_s += time.perf_counter() - started
 
     def _make_probe(self, width: int, device: Any) -> FingerprintProbe | None:
         from hs_tracer.fingerprint.probe import FingerprintProbe

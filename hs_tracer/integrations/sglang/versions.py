@@ -27,7 +27,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     f"{_DRAFT}.init_lm_head": (),
     f"{_DRAFT}.init_cuda_graphs": (),
     f"{_DRAFT}._draft_extend_for_decode": ("batch", "batch_result"),
-    f"{_DRAFT}._draft_extend_for_prefill": ("batch", "target_hidden_states"),
+    f"{_DRAFT}._draft_extend_for_prefill": ("batch", "target_hidden_states", "next_token_ids"),
     f"{_RESULTS}._resolve_spec_v2_tokens": ("result", "batch"),
     "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward": (),
     "sglang.srt.layers.logits_processor.LogitsProcessor.forward": (),

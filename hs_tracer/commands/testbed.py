@@ -20,6 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--out", type=Path, required=True, help="output directory (replaced if it exists)")
     b.add_argument("--small", action="store_true", help="tiny barely-trained recipe (seconds; for tests)")
+    b.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="train the default recipe's weights instead of reusing the committed ones (minutes more)",
+    )
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=run_build)
 
@@ -38,7 +43,7 @@ def run_build(args: argparse.Namespace) -> int:
     from hs_tracer.testbed.build import Recipe, build
 
     recipe = Recipe.small() if args.small else Recipe()
-    paths = build(out, recipe, progress=not args.quiet)
+    paths = build(out, recipe, progress=not args.quiet, from_scratch=args.from_scratch)
     m = paths.load_manifest()
     acc = m["accept_length"]
     print(f"testbed written to {paths.root} (recipe {m['recipe_hash']})")

@@ -49,6 +49,8 @@ class RunResult:
     output_ids: list[list[int]]
     verify_steps: list[int] = field(default_factory=list)
     correct_drafts: list[int] = field(default_factory=list)
+    # verify steps by number of accepted drafts (index), summed over requests
+    correct_drafts_histogram: list[int] = field(default_factory=list)
     startup_s: float = 0.0
     generate_s: float = 0.0
 
@@ -71,13 +73,16 @@ def run_configs(
     prompts: list[str] | list[list[int]],
     configs: list[EngineConfig],
     max_new_tokens: int,
+    *,
+    ignore_eos: bool = True,
     **engine_overrides: Any,
 ) -> list[RunResult]:
     """Start one engine per config (sequentially), greedy-generate ``prompts`` (texts or token
-    ids) in one batch, shut it down. Must run in a process where SGLang was not imported yet."""
+    ids) in one batch, shut it down. Must run in a process where SGLang was not imported yet.
+    ``ignore_eos`` (default) makes every output exactly ``max_new_tokens`` long."""
     from hs_tracer.testbed.runtime.launcher import engine
 
-    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
     key = "input_ids" if prompts and not isinstance(prompts[0], str) else "prompt"
     results = []
     for cfg in configs:
@@ -93,12 +98,18 @@ def run_configs(
             outs = eng.generate(**{key: prompts}, sampling_params=sampling)
             done = time.perf_counter()
         meta = [o["meta_info"] for o in outs]
+        histogram: list[int] = []
+        for m in meta:
+            for n, count in enumerate(m.get("spec_correct_drafts_histogram") or []):
+                histogram.extend([0] * (n + 1 - len(histogram)))
+                histogram[n] += count
         results.append(
             RunResult(
                 config=cfg,
                 output_ids=[o["output_ids"] for o in outs],
                 verify_steps=[m.get("spec_verify_ct", 0) for m in meta] if cfg.spec_steps else [],
                 correct_drafts=[m.get("spec_num_correct_drafts", 0) for m in meta] if cfg.spec_steps else [],
+                correct_drafts_histogram=histogram,
                 startup_s=up - start,
                 generate_s=done - up,
             )
@@ -114,11 +125,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", action="append", required=True, type=EngineConfig.parse)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--stop-at-eos", action="store_true", help="end a request at EOS (default: ignore EOS)"
+    )
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
     prompts = json.loads(args.prompts.read_text())
     results = run_configs(
-        args.target, args.draft, prompts, args.config, args.max_new_tokens, dtype=args.dtype
+        args.target,
+        args.draft,
+        prompts,
+        args.config,
+        args.max_new_tokens,
+        ignore_eos=not args.stop_at_eos,
+        dtype=args.dtype,
     )
     args.out.write_text(json.dumps([r.to_json() for r in results], indent=1) + "\n")
 

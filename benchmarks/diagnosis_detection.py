@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import time
+from dataclasses import asdict
 from datetime import date
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from hs_tracer.diagnosis.evaluate import detection_rates, pool_from_testbed, scenarios
 from hs_tracer.diagnosis.identity import diagnose
+from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile import build
 from hs_tracer.profile.model import NamedStats, Profile
@@ -88,7 +90,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--docs", type=int, default=400)
+    ap.add_argument(
+        "--min-tokens",
+        type=int,
+        default=None,
+        help="override Thresholds.min_tokens (to see what the statistics alone need)",
+    )
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--atlas-only", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    sizes = [int(v) for v in args.sizes.split(",")]
+    thresholds = Thresholds() if args.min_tokens is None else Thresholds(min_tokens=args.min_tokens)
 
     from hs_tracer.testbed.build import ensure_testbed
 
@@ -100,6 +113,8 @@ def main() -> None:
         "atlas": build.build_profile([dump], atlas=atlas, progress=False),
         "no_atlas": build.build_profile([dump], progress=False),
     }
+    if args.atlas_only:
+        del profiles["no_atlas"]
     pools = {
         "heldout_same_domain": pool_from_testbed(tb.target, args.docs, "train", seed=4242),
         "other_domain": pool_from_testbed(tb.target, args.docs, "other", seed=4243),
@@ -113,13 +128,14 @@ def main() -> None:
         "testbed_recipe_hash": tb.load_manifest()["recipe_hash"],
         "profile_tokens": profiles["atlas"].tokens,
         "reps_per_cell": args.reps,
+        "thresholds": asdict(thresholds),
         "results": {},
     }
     for pname, profile in profiles.items():
         for dname, pool in pools.items():
             cell: dict = {}
             for sname, live in scenarios(profile.sources).items():
-                rates = detection_rates(profile, pool, live, SIZES, args.reps, seed=1)
+                rates = detection_rates(profile, pool, live, sizes, args.reps, seed=1, thresholds=thresholds)
                 cell[sname] = {"rates": {str(k): v for k, v in rates.items()}}
                 if sname == "correct":
                     cell[sname]["false_alarm_not_ok"] = {
@@ -137,8 +153,8 @@ def main() -> None:
                 )
             out["results"][f"{pname}/{dname}"] = cell
     out["cost_at_deepseek_v3_shapes"] = cost_at_scale()
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

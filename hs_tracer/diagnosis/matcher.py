@@ -143,6 +143,9 @@ class SlotMatch:
     runner_up: str | None
     d_runner_up: float | None
     verdict: str  # "ok" | "mismatch" | "unknown" | "ambiguous" | "drift"
+    drift_score: float = (
+        0.0  # D(expected) / max(t_match, gap of the expected source): drift above drift_factor
+    )
 
 
 def match_slots(
@@ -195,6 +198,7 @@ def match_slots(
                 cands.names[runner] if runner is not None else None,
                 float(row[runner]) if runner is not None else None,
                 verdict,
+                d_exp / far_exp,
             )
         )
     return out

@@ -1,0 +1,128 @@
+"""The CPU testbed runtime: applied only by its launcher, and correct inside a real sgl.Engine.
+
+* Importing hs_tracer (package, plugin entry point, testbed package) installs nothing of the
+  runtime: no ``sgl_kernel`` stand-in, no ops under ``torch.ops.sgl_kernel``, no env changes.
+* After ``prepare_process()`` the patches act on SGLang's real classes: DeepSeek's attention
+  dispatch picks MLA on the ``intel_amx``/``torch_native`` backends, SGLang keeps ``intel_amx``
+  (platform fact ``has_amx``), yet ``cpu_has_amx_support()`` stays False so ordinary layers run
+  ``forward_native``; unported sgl-kernel names fail loudly, naming the op.
+* A real ``sgl.Engine`` (plain decoding, the testbed's trained DeepSeek-V3 target) produces the
+  same greedy tokens as the target run by Hugging Face transformers: the pure-torch attention ops
+  (MLA prefill via extend, decode) compute what SGLang's C++ kernels would.
+
+Each check runs in a fresh interpreter: the runtime must be prepared before SGLang is imported,
+and other tests in the pytest process import SGLang's GPU-path modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hs_tracer.testbed.corpus import prompts
+
+
+def _run_python(script: str, *args: str, timeout: int = 600) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HS_TRACER", "SGLANG_"))}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+PRODUCTION_IMPORTS = """
+    import json, os, sys
+    import torch
+    import hs_tracer, hs_tracer.testbed, hs_tracer.testbed.runtime
+    from importlib.metadata import entry_points
+    (plugin,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hs_tracer"]
+    plugin.load()()  # what SGLang's load_plugins() does, with HS_TRACER unset
+    print("RESULT " + json.dumps({
+        "sgl_kernel": "sgl_kernel" in sys.modules,
+        "ops": hasattr(torch.ops.sgl_kernel, "decode_attention_cpu"),
+        "sys_path": [p for p in sys.path if p.endswith("pythonpath")],
+        "env": {k: os.environ.get(k) for k in ("SGLANG_USE_CPU_ENGINE", "HS_TRACER_TESTBED_RUNTIME")},
+        "meta_path": [type(f).__name__ for f in sys.meta_path],
+    }))
+"""
+
+
+def test_importing_hs_tracer_installs_nothing_of_the_runtime() -> None:
+    result = _run_python(PRODUCTION_IMPORTS)
+    assert result["sgl_kernel"] is False
+    assert result["ops"] is False
+    assert result["sys_path"] == []
+    assert result["env"] == {"SGLANG_USE_CPU_ENGINE": None, "HS_TRACER_TESTBED_RUNTIME": None}
+    assert "_PostImportHook" not in result["meta_path"]
+
+
+PATCHED_SGLANG = """
+    import json
+    from hs_tracer.testbed.runtime.launcher import prepare_process
+    prepare_process()
+    import sgl_kernel
+    import torch
+    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
+    from sglang.srt.runtime_context import get_platform
+    from sglang.srt.utils.common import cpu_has_amx_support, is_cpu
+    try:
+        sgl_kernel.fused_experts_cpu(torch.zeros(1))
+        error = None
+    except NotImplementedError as exc:
+        error = str(exc)
+    print("RESULT " + json.dumps({
+        "is_cpu": is_cpu(),
+        "handlers": {b: AttentionBackendRegistry.get_handler(b)(None, None) == AttnForwardMethod.MLA
+                     for b in ("intel_amx", "torch_native")},
+        "has_amx": get_platform().has_amx,
+        "cpu_has_amx_support": cpu_has_amx_support(),
+        "stand_in": getattr(sgl_kernel, "HS_TRACER_TESTBED_STAND_IN", False),
+        "decode_op": sgl_kernel.decode_attention_cpu is torch.ops.sgl_kernel.decode_attention_cpu,
+        "error": error,
+    }))
+"""
+
+
+def test_runtime_patches_act_on_real_sglang_and_keep_layers_native() -> None:
+    result = _run_python(PATCHED_SGLANG)
+    assert result["is_cpu"] is True
+    assert result["handlers"] == {"intel_amx": True, "torch_native": True}
+    assert result["has_amx"] is True, "SGLang must keep the intel_amx attention backend"
+    assert result["cpu_has_amx_support"] is False, "ordinary layers must stay on forward_native"
+    assert result["stand_in"] is True and result["decode_op"] is True
+    assert result["error"] is not None and "sgl_kernel.fused_experts_cpu" in result["error"]
+
+
+@pytest.mark.engine
+def test_plain_engine_matches_transformers_greedy(tmp_path: Path) -> None:
+    from hs_tracer.testbed import ensure_testbed
+    from hs_tracer.testbed.accept import greedy_tokens
+    from hs_tracer.testbed.target import encode, load_target
+
+    target = ensure_testbed(progress=False).target
+    ids = encode(prompts(seed=99, n=6), add_eos=False)
+    (tmp_path / "prompts.json").write_text(json.dumps(ids))
+    new_tokens = 12
+    cmd = [sys.executable, "-m", "hs_tracer.testbed.runtime.runs", "--target", str(target),
+           "--prompts", str(tmp_path / "prompts.json"), "--config", "plain",
+           "--max-new-tokens", str(new_tokens), "--out", str(tmp_path / "engine.json")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    (engine,) = json.loads((tmp_path / "engine.json").read_text())
+    hf_target = load_target(target)
+    assert engine["output_ids"] == [greedy_tokens(hf_target, p, new_tokens) for p in ids]

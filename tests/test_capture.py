@@ -148,7 +148,10 @@ def test_other_pp_dp_ranks_write_their_own_subdirectory(tmp_path: Path) -> None:
 
 def test_an_incompatible_existing_capture_is_not_mixed_in(tmp_path: Path) -> None:
     CaptureSink(tmp_path, _wiring(), rate=1.0, max_bytes=1 << 20)
-    other = _wiring()
-    other.hidden_size = 32
-    with pytest.raises(ValueError, match="empty directory"):
-        CaptureSink(tmp_path, other, rate=1.0, max_bytes=1 << 20)
+    CaptureSink(tmp_path, _wiring(), rate=1.0, max_bytes=1 << 20)  # same wiring: continued
+    for change in ({"hidden_size": 32}, {"sources": ["embedding", "block:1", "block:2"]}):
+        other = _wiring()
+        for key, value in change.items():
+            setattr(other, key, value)
+        with pytest.raises(ValueError, match="empty directory"):
+            CaptureSink(tmp_path, other, rate=1.0, max_bytes=1 << 20)

@@ -131,11 +131,11 @@ class CaptureSink:
         )
         if cf.is_capture_dir(self.path):
             old = cf.read_manifest(self.path)
-            if (old.num_slots, old.hidden_size, old.model) != (manifest.num_slots, manifest.hidden_size,
-                                                               manifest.model):
+            if (old.num_slots, old.hidden_size, old.model, old.sources) != (
+                    manifest.num_slots, manifest.hidden_size, manifest.model, manifest.sources):
                 raise ValueError(
                     f"{self.path} already holds a capture of {old.model} "
-                    f"({old.num_slots}x{old.hidden_size}); "
+                    f"({old.num_slots}x{old.hidden_size}, sources {old.sources}) from another wiring; "
                     "point HS_TRACER_CAPTURE_DIR at an empty directory"
                 )
             manifest.shards, manifest.next_shard = old.shards, old.next_shard

@@ -285,17 +285,21 @@ def build(
     The default recipe reuses the committed weights (:data:`ASSETS`) unless ``from_scratch``; the
     data dumps and measurements are always computed.
     """
-    from hs_tracer.testbed.target import build_target, load_target, set_determinism
+    from hs_tracer.testbed.target import deterministic
 
-    recipe = recipe or Recipe()
-    out_dir = Path(out_dir)
+    with deterministic():
+        return _build(Path(out_dir), recipe or Recipe(), progress, from_scratch)
+
+
+def _build(out_dir: Path, recipe: Recipe, progress: bool, from_scratch: bool) -> TestbedPaths:
+    from hs_tracer.testbed.target import build_target, load_target
+
     if out_dir.exists():
         shutil.rmtree(out_dir)
     paths = TestbedPaths.under(out_dir)
     assets = None if from_scratch else prebuilt_assets(recipe)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    set_determinism()
     if assets is not None:
         shutil.copytree(assets / "target", paths.target)
     else:

@@ -13,6 +13,7 @@ transformers 5.19 does not write:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -279,13 +280,22 @@ def train(model: DeepseekV3ForCausalLM, recipe: TargetRecipe, progress: bool = T
     return losses
 
 
-def set_determinism(threads: int = 1) -> None:
-    """Fix the knobs that make CPU training bit-reproducible (thread count, deterministic algos)."""
+@contextlib.contextmanager
+def deterministic(threads: int = 1) -> Iterator[None]:
+    """Bit-reproducible CPU training inside the block (one thread, deterministic algorithms, forked
+    RNG); the caller's thread count, determinism flag and RNG state are restored afterwards."""
     import torch
 
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(True)
+            yield
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det)
 
 
 def build_target(
@@ -299,9 +309,9 @@ def build_target(
     recipe = recipe or TargetRecipe()
     if train_steps is not None:
         recipe = TargetRecipe(**{**asdict(recipe), "train_steps": train_steps})
-    set_determinism()
-    model = make_model(recipe)
-    losses = train(model, recipe, progress) if recipe.train_steps > 0 else []
+    with deterministic():
+        model = make_model(recipe)
+        losses = train(model, recipe, progress) if recipe.train_steps > 0 else []
     save_target(model, recipe, out_dir)
     (out_dir / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, sort_keys=True) + "\n")
     if losses:

@@ -13,7 +13,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hs_tracer.testbed.build import TestbedPaths
 
 DEMO_ENV = {
     "HS_TRACER": "1",
@@ -31,6 +34,7 @@ class Run:
     draft: Path | None
     prompts: list[str]
     outputs: list[str]
+    output_ids: list[list[int]] = field(default_factory=list)
     schedulers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -77,9 +81,11 @@ def _settled_reports(report_dir: Path) -> list[dict[str, Any]]:
 
 def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], *,
                profile: Path | None = None, max_new_tokens: int = 32,
-               extra_env: dict[str, str] | None = None) -> Run:
-    """One traced engine run. Must run in a process that has not imported SGLang's GPU path (the
-    CPU runtime decides the device at import); the launcher checks."""
+               extra_env: dict[str, str] | None = None, traced: bool = True,
+               linger_s: float = 0.0) -> Run:
+    """One engine run (traced unless ``traced=False``; kept up ``linger_s`` after the workload, e.g.
+    for a metrics scrape). Must run in a process that has not imported
+    SGLang's GPU path (the CPU runtime decides the device at import); the launcher checks."""
     from hs_tracer.testbed.runtime.launcher import engine
 
     with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-") as tmp:
@@ -87,20 +93,25 @@ def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], 
         env = {**DEMO_ENV, "HS_TRACER_REPORT_DIR": str(report_dir), **(extra_env or {})}
         if profile is not None:
             env["HS_TRACER_PROFILE"] = str(profile)
+        if not traced:
+            env = {k: v for k, v in (extra_env or {}).items() if not k.startswith("HS_TRACER")}
         with engine(target, draft, env=env) as eng:
             outs = eng.generate(prompts, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
-            reports = _settled_reports(report_dir)
-        return Run(name, target, draft, prompts, [o["text"] for o in outs], reports)
+            reports = _settled_reports(report_dir) if traced else []
+            time.sleep(linger_s)
+        return Run(name, target, draft, prompts, [o["text"] for o in outs],
+                   [list(o["output_ids"]) for o in outs], reports)
 
 
-def testbed_profile(draft: Path, target: Path, specforge: Path, atlas: Path, out: Path) -> Path:
-    """The reference profile of the testbed draft's training data (built once, then reused)."""
+def testbed_profile(tb: TestbedPaths) -> Path:
+    """The reference profile of the testbed draft's training data, with the all-layer atlas (built
+    once next to the testbed build, then reused)."""
     from hs_tracer.cli import main as cli
 
+    out = tb.root.parent / f"{tb.root.name}.profile.safetensors"
     if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        code = cli(["profile", "build", str(specforge), "-o", str(out), "--draft", str(draft),
-                    "--target", str(target), "--atlas", str(atlas), "--no-progress"])
+        code = cli(["profile", "build", str(tb.specforge_data), "-o", str(out), "--draft", str(tb.draft),
+                    "--target", str(tb.target), "--atlas", str(tb.atlas_data), "--no-progress"])
         if code != 0:
             raise RuntimeError(f"building the testbed profile failed (exit {code})")
     return out
@@ -119,8 +130,7 @@ def run(target: Path | None = None, draft: Path | None = None, *, profile: Path 
         if target is None:
             tb = ensure_testbed()
             target, draft = tb.target, draft or tb.draft
-            profile = profile or testbed_profile(tb.draft, tb.target, tb.specforge_data, tb.atlas_data,
-                                                 tb.root / "profile.safetensors")
+            profile = profile or testbed_profile(tb)
         runs.append(run_engine("as configured", target, draft, prompts, profile=profile,
                                max_new_tokens=max_new_tokens))
         for scenario in scenarios or []:

@@ -18,12 +18,12 @@ import pytest
 SCRIPT = """
     import json, os, sys
     from pathlib import Path
-    from hs_tracer.demo import default_target, read_reports
+    from hs_tracer.demo import read_reports
     from hs_tracer.testbed.corpus import prompts
     from hs_tracer.testbed.runtime.launcher import engine
 
     report_dir = Path(sys.argv[1])
-    target = default_target(Path(sys.argv[2]))
+    target = Path(sys.argv[2])
     texts = prompts(seed=7, n=6)
     sampling = {"temperature": 0.0, "max_new_tokens": 12}
     with engine(target, env={"HS_TRACER": "1", "HS_TRACER_REPORT_DIR": str(report_dir)}) as eng:
@@ -35,10 +35,9 @@ SCRIPT = """
 
 
 @pytest.mark.engine
-def test_plain_engine_is_deterministic_and_plugin_runs_in_scheduler(tmp_path: Path) -> None:
+def test_plain_engine_is_deterministic_and_plugin_runs_in_scheduler(tmp_path: Path, testbed) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
-    cache = Path(os.environ.get("HS_TRACER_CACHE", Path.cwd() / ".cache"))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(tmp_path), str(cache)],
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(tmp_path), str(testbed.target)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
@@ -52,7 +51,7 @@ def test_plain_engine_is_deterministic_and_plugin_runs_in_scheduler(tmp_path: Pa
     assert report["enabled"] and report["hook_errors"] == 0
     assert report["hooks_applied"], "hooks must be applied through SGLang's HookRegistry"
     target = report["target"]
-    config = json.loads((cache / "target-untrained" / "config.json").read_text())
+    config = json.loads((testbed.target / "config.json").read_text())
     assert target["architecture"] == "DeepseekV3ForCausalLM"
     assert target["num_layers"] == config["num_hidden_layers"]
     assert target["hidden_size"] == config["hidden_size"]

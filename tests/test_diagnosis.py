@@ -118,6 +118,22 @@ def test_other_domain_miswiring_still_detected(profile: Profile, other_domain: S
     assert [s.observed_source for s in report.slots] == live
 
 
+def test_gradual_shift_with_the_right_sources_is_drift(profile: Profile, heldout: StatePool) -> None:
+    """A moderate offset on every channel (0.6 sd, fixed random signs): each slot still matches its
+    trained source best, but farther than the drift level -> feature_drift, never a named mismatch."""
+    rng = np.random.default_rng(4)
+    signs = np.random.default_rng(1).choice([-1.0, 1.0], size=(1, 3, profile.hidden_size))
+    for _ in range(2):
+        x = heldout.window(profile.sources, 1024, rng)
+        report = judge(profile, x + 0.6 * x.std(0, keepdims=True) * signs)
+        assert report.status == "drift", report.human()
+        drift = [f for f in report.findings if f.code is Code.FEATURE_DRIFT]
+        assert drift and all(f.expected == f.observed for f in drift)
+        assert not [f for f in report.findings if f.severity is Severity.CRITICAL]
+        # the same offset on a 512-token window is not judged for drift (drift_min_tokens)
+        assert judge(profile, x[:512] + 0.6 * x.std(0, keepdims=True) * signs).status != "drift"
+
+
 def test_non_finite_features(profile: Profile, heldout: StatePool) -> None:
     x = heldout.window(profile.sources, WINDOW, np.random.default_rng(5)).copy()
     x[::50, 1, :7] = np.nan

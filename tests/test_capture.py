@@ -155,3 +155,17 @@ def test_an_incompatible_existing_capture_is_not_mixed_in(tmp_path: Path) -> Non
             setattr(other, key, value)
         with pytest.raises(ValueError, match="empty directory"):
             CaptureSink(tmp_path, other, rate=1.0, max_bytes=1 << 20)
+
+
+def test_accept_lengths_are_written_once_steps_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hs_tracer.export import capture
+
+    clock = [100.0]
+    monkeypatch.setattr(capture.time, "monotonic", lambda: clock[0])
+    sink = CaptureSink(tmp_path, _wiring(), rate=1.0, max_bytes=1 << 20)
+    sink.note_accept_lengths([2, 3])
+    assert sink.poll() == 0  # steps are still arriving
+    clock[0] += capture.ACCEPT_IDLE_S
+    assert sink.poll() == 1
+    ((_n, shard),) = list(iter_shards(tmp_path))
+    assert shard.features.shape[0] == 0 and shard.accept_lengths.tolist() == [2, 3]

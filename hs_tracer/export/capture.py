@@ -40,7 +40,8 @@ logger = logging.getLogger("hs_tracer")
 
 ROWS = "prefill_draft_extend"
 MAX_PENDING = 4  # captures copied but not yet written; more are dropped (counted), never queued
-ACCEPT_FLUSH_S = 2.0  # accept lengths waiting this long are written even without a feature shard
+ACCEPT_IDLE_S = 0.5  # accept lengths are written once no step arrived for this long (a burst ended)
+ACCEPT_FLUSH_S = 10.0  # ... or once the oldest waited this long, or this many are waiting:
 ACCEPT_FLUSH_COUNT = 4096
 
 
@@ -113,7 +114,7 @@ class CaptureSink:
         self.dropped = 0  # sampled but not written (writer behind, or larger than the bound)
         self.written = 0
         self._accept: list[int] = []
-        self._accept_since = 0.0
+        self._accept_since = self._accept_last = 0.0
         manifest = cf.CaptureManifest(
             num_slots=len(wiring.sources) or int(wiring.draft_num_aux_states or 1),
             hidden_size=wiring.hidden_size,
@@ -173,8 +174,10 @@ class CaptureSink:
         """Accept lengths of one verify step (sampled at the capture rate)."""
         if not self.accept_sampler.take():
             return
+        now = time.monotonic()
         if not self._accept:
-            self._accept_since = time.monotonic()
+            self._accept_since = now
+        self._accept_last = now
         self._accept.extend(int(v) for v in lengths)
 
     def poll(self) -> int:
@@ -183,8 +186,10 @@ class CaptureSink:
         while self.pending and self.pending[0].ready():
             self._write(self.pending.popleft())
             written += 1
+        now = time.monotonic()
         if self._accept and (len(self._accept) >= ACCEPT_FLUSH_COUNT
-                             or time.monotonic() - self._accept_since >= ACCEPT_FLUSH_S):
+                             or now - self._accept_last >= ACCEPT_IDLE_S
+                             or now - self._accept_since >= ACCEPT_FLUSH_S):
             self._write(None)
             written += 1
         return written

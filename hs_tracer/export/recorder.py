@@ -76,7 +76,7 @@ class Recorder(threading.Thread):
     def run(self) -> None:
         try:
             self._setup()
-            last_report = 0.0
+            last_report, dirty = 0.0, False
             while not self._stop.is_set():
                 try:
                     rec = self.st.queue.get(timeout=0.2)
@@ -84,14 +84,17 @@ class Recorder(threading.Thread):
                     rec = None
                 if rec is not None:
                     self._on_step(rec)
+                    dirty = True
                 if self.st.capture is not None:
                     self.st.capture.poll()  # sampled draft inputs whose host copy completed -> disk
-                changed = self._on_window()
+                dirty |= self._on_window()
                 now = time.monotonic()
-                if changed or (rec is not None and now - last_report > REPORT_EVERY_S):
+                # Refresh at most every REPORT_EVERY_S while steps arrive, and once more when they
+                # stop, so the report always ends on the last step.
+                if dirty and (rec is None or now - last_report > REPORT_EVERY_S):
                     self._export_health()
                     self.st.write_report()
-                    last_report = now
+                    last_report, dirty = now, False
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)
         finally:

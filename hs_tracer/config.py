@@ -56,6 +56,13 @@ def _existing_file(name: str, raw: str) -> Path:
     return path
 
 
+def _log_level(name: str, raw: str) -> str:
+    level = raw.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"{name}={raw!r} must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+    return level
+
+
 _PARSERS = {
     "HS_TRACER_PROFILE": ("profile", _existing_file),
     "HS_TRACER_REPORT_DIR": ("report_dir", lambda _n, raw: Path(raw).expanduser()),
@@ -66,7 +73,7 @@ _PARSERS = {
     "HS_TRACER_WINDOW_TOKENS": ("window_tokens", _positive_int),
     "HS_TRACER_QUEUE_SIZE": ("queue_size", _positive_int),
     "HS_TRACER_METRICS_PORT": ("metrics_port", _positive_int),
-    "HS_TRACER_LOG_LEVEL": ("log_level", lambda _n, raw: raw.upper()),
+    "HS_TRACER_LOG_LEVEL": ("log_level", lambda name, raw: _log_level(name, raw)),
     "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
 }
 

@@ -46,6 +46,8 @@ def _in_scheduler_process() -> bool:
 
 def _register() -> None:
     cfg, errors = config.load(os.environ)
+    if not errors:
+        logger.setLevel(cfg.log_level)
     if errors:
         logger.error("hs_tracer: tracing stays off, invalid settings: %s", "; ".join(errors))
         return

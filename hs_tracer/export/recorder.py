@@ -163,10 +163,8 @@ class Recorder(threading.Thread):
         detailed = diagnose_detailed(self.live, self.profile, nonfinite=self.nonfinite,
                                      width=self.st.input_width)
         judged = detailed.report
-        # Drift score per slot: divergence from the trained source in units of the calibrated match
-        # threshold (0 = identical, 1 = at the threshold); docs/metrics.md, the drift alert uses it.
-        t_match = detailed.calibration.t_match if detailed.calibration else None
-        drift = [m.d_expected / t_match for m in detailed.matches] if t_match else []
+        # Drift score per slot, the diagnosis's own (docs/diagnosis.md); the drift alert uses it.
+        drift = [m.drift_score for m in detailed.matches]
         static = list(self.st.static_findings)
         seen = {(f.code, f.slot) for f in static}
         live_findings = [f for f in judged.findings if (f.code, f.slot) not in seen]

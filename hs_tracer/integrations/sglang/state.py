@@ -322,6 +322,7 @@ def guarded(where: str) -> Callable[[F], F]:
                 st.fail(where, exc)
             return None
 
+        wrapper.__hs_tracer_where__ = where  # type: ignore[attr-defined]  # the name faults are injected by
         return wrapper  # type: ignore[return-value]
 
     return decorate

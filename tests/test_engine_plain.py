@@ -25,7 +25,7 @@ SCRIPT = """
     report_dir = Path(sys.argv[1])
     target = Path(sys.argv[2])
     texts = prompts(seed=7, n=6)
-    sampling = {"temperature": 0.0, "max_new_tokens": 12}
+    sampling = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
     with engine(target, env={"HS_TRACER": "1", "HS_TRACER_REPORT_DIR": str(report_dir)}) as eng:
         first = [o["output_ids"] for o in eng.generate(texts, sampling)]
         second = [o["output_ids"] for o in eng.generate(texts, sampling)]

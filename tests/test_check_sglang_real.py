@@ -36,22 +36,9 @@ from hs_tracer.preflight.weight_map import plan_load
 
 CHILD = r"""
 import json, os, socket, sys
-from hs_tracer.testbed.runtime.launcher import prepare_process
-prepare_process()
+from hs_tracer.testbed.runtime.inproc import init_world_of_one
+init_world_of_one()
 import torch
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-from sglang.srt.distributed import parallel_state
-from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
-from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
-from sglang.srt.server_args import ServerArgs
-init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
-reset_context()
-publish(ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1, device="cpu"), role="test",
-        ranks=SpawnRanks(world_rank=0))
-get_parallel().override_permanently(world_group=parallel_state._WORLD)
-initialize_model_parallel(backend="gloo")
 from safetensors import safe_open
 from transformers import AutoConfig
 from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM

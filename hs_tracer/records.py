@@ -60,3 +60,6 @@ class StepRecord:
     num_draft_tokens: int
     digest: StepDigest | None = None
     input_width: int | None = None
+    # SGLang's per-request trace contexts (aligned with accept_lengths), for request-trace events.
+    # Engine objects: the recorder hands them to the OTel exporter and never exports them itself.
+    trace_ctxs: list[Any] = field(default_factory=list, repr=False, compare=False)

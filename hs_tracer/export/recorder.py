@@ -136,7 +136,7 @@ class Recorder(threading.Thread):
             self.nonfinite += sum(slot.nonfinite for slot in rec.digest.slots)
         self._prom.record_step(rec)
         if self._otel is not None:
-            self._otel.record_step(rec, getattr(rec, "trace_ctxs", None))
+            self._otel.record_step(rec, rec.trace_ctxs)
         with self._report_lock:
             self.report.acceptance = self.acceptance.summary()
 

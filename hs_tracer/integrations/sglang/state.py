@@ -214,8 +214,8 @@ class TracerState:
             step=self.step, time_unix_ns=time.time_ns(), ranks=self.ranks or Ranks(),
             request_ids=list(request_ids), accept_lengths=list(accept_lengths),
             num_draft_tokens=num_draft_tokens, digest=digest, input_width=self.input_width,
+            trace_ctxs=list(trace_ctxs),
         )
-        rec.trace_ctxs = list(trace_ctxs)  # type: ignore[attr-defined]  # for the recorder only
         try:
             self.queue.put_nowait(rec)
         except queue.Full:

@@ -146,24 +146,14 @@ def engine(
     target: Path | str,
     draft: Path | str | None = None,
     *,
-    spec_steps: int = 3,
-    topk: int = 1,
-    num_draft_tokens: int | None = None,
     env: Mapping[str, str] | None = None,
-    **overrides: Any,
+    **kwargs: Any,
 ) -> Iterator[Any]:
-    """Context manager around :func:`start_engine`: shuts the engine down on exit and restores the
-    ``env`` extras (the runtime env itself stays, since SGLang in this process depends on it)."""
+    """Context manager around :func:`start_engine` (same arguments): shuts the engine down on exit
+    and restores the ``env`` extras (the runtime env itself stays, since SGLang in this process
+    depends on it)."""
     saved = {key: os.environ.get(key) for key in env or {}}
-    eng = start_engine(
-        target,
-        draft,
-        spec_steps=spec_steps,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-        env=env,
-        **overrides,
-    )
+    eng = start_engine(target, draft, env=env, **kwargs)
     try:
         yield eng
     finally:

@@ -11,7 +11,7 @@ SGLANG := sglang==0.5.23
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/lock.txt
+$(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# grafana-client pulls urllib3-future, whose wheel would replace urllib3 for every program in
 	@# the venv; built from source with URLLIB3_NO_OVERRIDE=1 it installs beside it instead.
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml requirements/lock.txt
 	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
 	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(SGLANG)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# hs_tracer and its CPU testbed (a distribution of its own, see testbed/pyproject.toml).
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed
 	@touch $@
 
 demo: $(STAMP)

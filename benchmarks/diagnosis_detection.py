@@ -4,7 +4,7 @@ What is measured: the reference profile is built from the testbed's SpecForge tr
 trained 8-layer DeepSeek-V3 target (with and without the all-layer atlas). Live windows are drawn from
 fresh held-out documents run through the target (bf16-rounded; same corpus as training, another seed)
 and from documents of the corpus's other domain, and fed wired correctly or as each miswiring of
-hs_tracer.diagnosis.evaluate.scenarios. For every window size, `reps` random windows (whole documents
+hs_tracer_testbed.evaluate.scenarios. For every window size, `reps` random windows (whole documents
 drawn at random, cut to size) are judged with the default thresholds:
 
 * false alarm: a correctly wired window whose status is not ``ok`` (and separately: ``miswired``);
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hs_tracer.diagnosis.evaluate import detection_rates, pool_from_testbed, scenarios
 from hs_tracer.diagnosis.identity import diagnose
 from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile import build
 from hs_tracer.profile.model import NamedStats, Profile
+from hs_tracer_testbed.evaluate import detection_rates, pool_from_testbed, scenarios
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnosis_detection.json"
 SIZES = (64, 128, 256, 512, 1024, 2048)
@@ -103,7 +103,7 @@ def main() -> None:
     sizes = [int(v) for v in args.sizes.split(",")]
     thresholds = Thresholds() if args.min_tokens is None else Thresholds(min_tokens=args.min_tokens)
 
-    from hs_tracer.testbed.build import ensure_testbed
+    from hs_tracer_testbed.build import ensure_testbed
 
     tb = ensure_testbed(progress=False)
     target = build.read_target(tb.target)

@@ -36,7 +36,7 @@ def run_scenarios(target: Path, scenarios: list[dict[str, Any]], prompts: list[s
 
 
 def _main() -> None:
-    from hs_tracer.demo import run_engine
+    from hs_tracer_testbed.demo import run_engine
 
     spec = json.loads(sys.stdin.read())
     results: dict[str, dict[str, Any]] = {}

@@ -11,7 +11,7 @@ import pytest
 from test_check_drafts import specforge_draft, target_config
 
 from hs_tracer.cli import main
-from hs_tracer.testbed import build as tb
+from hs_tracer_testbed import build as tb
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from hs_tracer.preflight.weight_map import plan_load
 
 CHILD = r"""
 import json, os, socket, sys
-from hs_tracer.testbed.runtime.inproc import init_world_of_one
+from hs_tracer_testbed.runtime.inproc import init_world_of_one
 init_world_of_one()
 import torch
 from safetensors import safe_open

@@ -15,7 +15,6 @@ import pytest
 
 from hs_tracer.cli import main
 from hs_tracer.diagnosis.calibration import profile_findings
-from hs_tracer.diagnosis.evaluate import StatePool, judge, pool_from_testbed, scenarios, stats_of
 from hs_tracer.diagnosis.findings import Code, Severity
 from hs_tracer.diagnosis.identity import diagnose
 from hs_tracer.diagnosis.matcher import Thresholds
@@ -23,13 +22,14 @@ from hs_tracer.profile import build
 from hs_tracer.profile.capture_format import CaptureManifest, CaptureWriter
 from hs_tracer.profile.model import Profile
 from hs_tracer.sources import Convention
+from hs_tracer_testbed.evaluate import StatePool, judge, pool_from_testbed, scenarios, stats_of
 
 WINDOW = 512  # tokens per live window in these tests (docs/diagnosis.md: decisions from 256 on)
 
 
 @pytest.fixture(scope="session")
 def testbed():
-    from hs_tracer.testbed.build import ensure_testbed
+    from hs_tracer_testbed.build import ensure_testbed
 
     return ensure_testbed(progress=False)
 

@@ -20,11 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hs_tracer.draft.model import DraftConfig, Eagle3Draft, KVCache, load_target_embedding
-from hs_tracer.testbed.build import TestbedPaths, ensure_testbed
+from hs_tracer_testbed.build import TestbedPaths, ensure_testbed
 
 CHILD = r"""
 import json, os, socket, sys
-from hs_tracer.testbed.runtime.inproc import init_world_of_one
+from hs_tracer_testbed.runtime.inproc import init_world_of_one
 init_world_of_one()
 import torch
 from safetensors.torch import load_file

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hs_tracer.testbed.corpus import prompts
+from hs_tracer_testbed.corpus import prompts
 
 CONFIGS = {"plain": "plain", "chain1": "chain1:1:1", "chain3": "chain3:3:1", "tree3": "tree3:3:2:6"}
 MAX_NEW_TOKENS = 24
@@ -29,7 +29,7 @@ NUM_PROMPTS = 24
 
 @pytest.fixture(scope="module")
 def models() -> tuple[Path, Path]:
-    from hs_tracer.testbed import ensure_testbed
+    from hs_tracer_testbed import ensure_testbed
 
     testbed = ensure_testbed(progress=False)
     return testbed.target, testbed.draft
@@ -40,7 +40,7 @@ def runs(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) ->
     target, draft = models
     work = tmp_path_factory.mktemp("lossless-runs")
     (work / "prompts.json").write_text(json.dumps(prompts(seed=4242, n=NUM_PROMPTS)))
-    cmd = [sys.executable, "-m", "hs_tracer.testbed.runtime.runs", "--target", str(target),
+    cmd = [sys.executable, "-m", "hs_tracer_testbed.runtime.runs", "--target", str(target),
            "--draft", str(draft), "--prompts", str(work / "prompts.json"),
            "--max-new-tokens", str(MAX_NEW_TOKENS), "--out", str(work / "result.json")]  # fmt: skip
     for spec in CONFIGS.values():

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hs_tracer.testbed.corpus import prompts
+from hs_tracer_testbed.corpus import prompts
 
 
 def _run_python(script: str, *args: str, timeout: int = 600) -> dict:
@@ -46,7 +46,7 @@ def _run_python(script: str, *args: str, timeout: int = 600) -> dict:
 PRODUCTION_IMPORTS = """
     import json, os, sys
     import torch
-    import hs_tracer, hs_tracer.testbed, hs_tracer.testbed.runtime
+    import hs_tracer, hs_tracer_testbed, hs_tracer_testbed.runtime
     from importlib.metadata import entry_points
     (plugin,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "hs_tracer"]
     plugin.load()()  # what SGLang's load_plugins() does, with HS_TRACER unset
@@ -71,7 +71,7 @@ def test_importing_hs_tracer_installs_nothing_of_the_runtime() -> None:
 
 PATCHED_SGLANG = """
     import json
-    from hs_tracer.testbed.runtime.launcher import prepare_process
+    from hs_tracer_testbed.runtime.launcher import prepare_process
     prepare_process()
     import sgl_kernel
     import torch
@@ -109,15 +109,15 @@ def test_runtime_patches_act_on_real_sglang_and_keep_layers_native() -> None:
 
 @pytest.mark.engine
 def test_plain_engine_matches_transformers_greedy(tmp_path: Path) -> None:
-    from hs_tracer.testbed import ensure_testbed
-    from hs_tracer.testbed.accept import greedy_tokens
-    from hs_tracer.testbed.target import encode, load_target
+    from hs_tracer_testbed import ensure_testbed
+    from hs_tracer_testbed.accept import greedy_tokens
+    from hs_tracer_testbed.target import encode, load_target
 
     target = ensure_testbed(progress=False).target
     ids = encode(prompts(seed=99, n=6), add_eos=False)
     (tmp_path / "prompts.json").write_text(json.dumps(ids))
     new_tokens = 12
-    cmd = [sys.executable, "-m", "hs_tracer.testbed.runtime.runs", "--target", str(target),
+    cmd = [sys.executable, "-m", "hs_tracer_testbed.runtime.runs", "--target", str(target),
            "--prompts", str(tmp_path / "prompts.json"), "--config", "plain",
            "--max-new-tokens", str(new_tokens), "--out", str(tmp_path / "engine.json")]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}

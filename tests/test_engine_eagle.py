@@ -5,7 +5,7 @@ then read what each engine generated and what its scheduler process reported:
 
 * correct wiring -> status ok, acceptance as the testbed records it;
 * real misconfigurations made by editing the draft's config.json only -> the right finding and
-  sources (hs_tracer.testbed.miswire);
+  sources (hs_tracer_testbed.miswire);
 * HS_TRACER unset -> the same tokens and no report;
 * an exception injected into each hook in turn (HS_TRACER_FAULT_INJECT) -> the same tokens as the
   untraced run, and the tracer reports itself disabled;
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from hs_tracer.integrations.sglang.hooks import HOOKS
-from hs_tracer.testbed.corpus import prompts as corpus_prompts
-from hs_tracer.testbed.miswire import SCENARIOS, write_variant
+from hs_tracer_testbed.corpus import prompts as corpus_prompts
+from hs_tracer_testbed.miswire import SCENARIOS, write_variant
 from tests.engine_runs import run_scenarios
 from tests.infra.net import free_port
 from tests.infra.otlp import OtlpReceiver

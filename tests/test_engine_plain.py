@@ -18,9 +18,9 @@ import pytest
 SCRIPT = """
     import json, os, sys
     from pathlib import Path
-    from hs_tracer.demo import read_reports
-    from hs_tracer.testbed.corpus import prompts
-    from hs_tracer.testbed.runtime.launcher import engine
+    from hs_tracer_testbed.demo import read_reports
+    from hs_tracer_testbed.corpus import prompts
+    from hs_tracer_testbed.runtime.launcher import engine
 
     report_dir = Path(sys.argv[1])
     target = Path(sys.argv[2])

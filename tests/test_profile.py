@@ -21,7 +21,7 @@ from hs_tracer.sources import Convention
 
 @pytest.fixture(scope="session")
 def testbed():
-    from hs_tracer.testbed.build import ensure_testbed
+    from hs_tracer_testbed.build import ensure_testbed
 
     return ensure_testbed(progress=False)
 

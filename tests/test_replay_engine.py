@@ -27,9 +27,9 @@ NEW_TOKENS = 12
 SCRIPT = """
     import json, sys, time
     from pathlib import Path
-    from hs_tracer.testbed.corpus import prompts
-    from hs_tracer.testbed.miswire import write_variant
-    from hs_tracer.testbed.runtime.launcher import engine
+    from hs_tracer_testbed.corpus import prompts
+    from hs_tracer_testbed.miswire import write_variant
+    from hs_tracer_testbed.runtime.launcher import engine
 
     def main():
         target, draft, out, scenario, n, new = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), \\
@@ -88,7 +88,7 @@ def replays(live, testbed, testbed_profile) -> dict[str, Any]:
 def test_live_capture_is_private_and_holds_the_prompts(live, testbed) -> None:
     from hs_tracer.profile.capture_format import read_manifest
     from hs_tracer.replay.data import load_capture
-    from hs_tracer.testbed.target import encode
+    from hs_tracer_testbed.target import encode
 
     cap = live["dir"] / "cap-correct"
     assert stat.S_IMODE(cap.stat().st_mode) == 0o700

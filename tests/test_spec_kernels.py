@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hs_tracer.testbed.runtime.kernels import AMX_PROBE_OP, OP_NAMES, op
+from hs_tracer_testbed.runtime.kernels import AMX_PROBE_OP, OP_NAMES, op
 
 QLEN_ONLY, FULL_MASK = 1, 0
 
@@ -325,7 +325,7 @@ TRITON_CHECK = """
     from sglang.kernels.ops.speculative.spec_tree import (
         TreeMaskMode, sgl_build_tree_kernel_triton, verify_tree_greedy_triton)
     from sglang.srt.speculative.eagle_utils import organize_draft_results
-    from hs_tracer.testbed.runtime.kernels import op
+    from hs_tracer_testbed.runtime.kernels import op
 
     def draft(bs, topk, steps, ndt, g):
         # The draft's bookkeeping as spec_utils.select_top_k_tokens builds it: per step, the scores

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 
 from hs_tracer import cli
 from hs_tracer import sources as S
-from hs_tracer.testbed import corpus
-from hs_tracer.testbed.build import Recipe, TestbedPaths, build, ensure_testbed, layer_plan
-from hs_tracer.testbed.dumps import read_specforge, read_speculators
+from hs_tracer_testbed import corpus
+from hs_tracer_testbed.build import Recipe, TestbedPaths, build, ensure_testbed, layer_plan
+from hs_tracer_testbed.dumps import read_specforge, read_speculators
 
 SMALL = Recipe.small()
 
@@ -164,8 +164,8 @@ def default() -> TestbedPaths:
 def test_target_loads_with_transformers_and_is_predictable(default: TestbedPaths) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hs_tracer.testbed.accept import greedy_tokens
-    from hs_tracer.testbed.target import load_target
+    from hs_tracer_testbed.accept import greedy_tokens
+    from hs_tracer_testbed.target import load_target
 
     hf = AutoModelForCausalLM.from_pretrained(str(default.target), dtype=torch.float32)
     ours = load_target(default.target)
@@ -181,8 +181,8 @@ def test_target_loads_with_transformers_and_is_predictable(default: TestbedPaths
 def test_offline_accept_length_right_vs_wrong_layers(default: TestbedPaths) -> None:
     """Re-measured here (fewer prompts than the build): correct wiring >= 2, other layers near 1."""
     from hs_tracer.draft.model import Eagle3Draft
-    from hs_tracer.testbed.accept import greedy_tokens, simulate
-    from hs_tracer.testbed.target import encode, load_target
+    from hs_tracer_testbed.accept import greedy_tokens, simulate
+    from hs_tracer_testbed.target import encode, load_target
 
     target = load_target(default.target)
     draft = Eagle3Draft.from_pretrained(default.draft, target_dir=default.target)

@@ -10,8 +10,13 @@ DEFAULT_SCENARIOS = ["ids_shifted"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from hs_tracer.testbed.miswire import SCENARIOS
+    from hs_tracer.commands import testbed_installed
 
+    scenarios = None  # without the testbed installed, `run` says how to get it
+    if testbed_installed():
+        from hs_tracer_testbed.miswire import SCENARIOS
+
+        scenarios = sorted(SCENARIOS)
     p = sub.add_parser(
         "demo", help="run real SGLang with EAGLE-3 on CPU, traced, and print the live diagnosis",
         description="Starts sgl.Engine on the CPU with HS_TRACER=1, sends a workload and prints what "
@@ -21,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, help="target model dir (default: the testbed's)")
     p.add_argument("--draft", type=Path, help="EAGLE-3 draft dir (default: the testbed's)")
     p.add_argument("--profile", type=Path, help="reference profile (default: built from the testbed data)")
-    p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), dest="scenarios",
+    p.add_argument("--scenario", action="append", choices=scenarios, dest="scenarios",
                    help=f"also run a miswired copy of the draft (repeatable; default with the testbed: "
                    f"{', '.join(DEFAULT_SCENARIOS)})")
     p.add_argument("--prompts", type=int, default=16, help="number of prompts (default 16)")
@@ -31,8 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_tracer import demo
     from hs_tracer.cli import UsageError
+    from hs_tracer.commands import TESTBED_MISSING, testbed_installed
+
+    if not testbed_installed():
+        raise UsageError(TESTBED_MISSING)
+    from hs_tracer_testbed import demo
 
     for name in ("target", "draft"):
         path = getattr(args, name)

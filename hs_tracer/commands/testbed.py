@@ -31,6 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
+    from hs_tracer.commands import TESTBED_MISSING, testbed_installed
+
+    if not testbed_installed():
+        raise UsageError(TESTBED_MISSING)
 
     out: Path = args.out
     if out.exists() and not out.is_dir():
@@ -40,7 +44,7 @@ def run_build(args: argparse.Namespace) -> int:
             f"--out {out}: a non-empty directory that is not a testbed; pass a new or testbed dir"
         )
 
-    from hs_tracer.testbed.build import Recipe, build
+    from hs_tracer_testbed.build import Recipe, build
 
     recipe = Recipe.small() if args.small else Recipe()
     paths = build(out, recipe, progress=not args.quiet, from_scratch=args.from_scratch)

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_tracer.testbed import corpus
-from hs_tracer.testbed.draft_train import DraftRecipe
-from hs_tracer.testbed.target import TargetRecipe
+from hs_tracer_testbed import corpus
+from hs_tracer_testbed.draft_train import DraftRecipe
+from hs_tracer_testbed.target import TargetRecipe
 
 # Bump when code changes alter the files a recipe produces (it is part of the cache key).
 BUILD_FORMAT = 1
@@ -143,9 +143,9 @@ def _dump_data(paths: TestbedPaths, recipe: Recipe, target: Any, plan: dict[str,
     import torch
     from tqdm import tqdm
 
-    from hs_tracer.testbed import dumps
-    from hs_tracer.testbed.draft_train import save_vocab_mapping
-    from hs_tracer.testbed.target import encode, vocab_size
+    from hs_tracer_testbed import dumps
+    from hs_tracer_testbed.draft_train import save_vocab_mapping
+    from hs_tracer_testbed.target import encode, vocab_size
 
     seqs = encode(corpus.documents(recipe.data_seed, recipe.draft_docs, "train"))
     c_out, spec_c_in, atlas_c_in = plan["specforge_c_out"], plan["speculators_c_in"], plan["atlas_c_in"]
@@ -216,9 +216,9 @@ def _make_draft(paths: TestbedPaths, recipe: Recipe, target_cfg: dict[str, Any],
     import torch
 
     from hs_tracer.draft.model import DraftConfig, Eagle3Draft
-    from hs_tracer.testbed.draft_train import draft_config_dict, train_draft
-    from hs_tracer.testbed.dumps import read_specforge
-    from hs_tracer.testbed.tokenizer import BOS_ID, EOS_ID
+    from hs_tracer_testbed.draft_train import draft_config_dict, train_draft
+    from hs_tracer_testbed.dumps import read_specforge
+    from hs_tracer_testbed.tokenizer import BOS_ID, EOS_ID
 
     cfg = draft_config_dict(recipe.draft, target_cfg, plan["draft_config_ids"], EOS_ID, BOS_ID)
     torch.manual_seed(recipe.draft.seed)
@@ -250,9 +250,9 @@ def measure(target: Any, draft: Any, recipe: Recipe, progress: bool = True) -> d
     """Offline mean accept length on held-out prompts for each wiring variant (and other domain)."""
     from tqdm import tqdm
 
-    from hs_tracer.testbed.accept import simulate
-    from hs_tracer.testbed.target import encode
-    from hs_tracer.testbed.tokenizer import EOS_ID
+    from hs_tracer_testbed.accept import simulate
+    from hs_tracer_testbed.target import encode
+    from hs_tracer_testbed.tokenizer import EOS_ID
 
     n = recipe.target.num_layers
     heldout = encode(corpus.prompts(recipe.eval_seed, recipe.eval_prompts, "train"), add_eos=False)
@@ -269,7 +269,7 @@ def measure(target: Any, draft: Any, recipe: Recipe, progress: bool = True) -> d
             "verify_steps": len(st.accept_lengths),
         }
     out["method"] = (
-        f"offline greedy chain speculative decoding (hs_tracer.testbed.accept.simulate), num_steps="
+        f"offline greedy chain speculative decoding (hs_tracer_testbed.accept.simulate), num_steps="
         f"{recipe.num_steps}, topk=1, {recipe.eval_prompts} held-out prompts (corpus.prompts seed "
         f"{recipe.eval_seed}), up to {recipe.eval_new_tokens} new tokens each, fp32 compute on the "
         "bf16 checkpoints; accept length = accepted draft tokens + 1 per verify step"
@@ -285,14 +285,14 @@ def build(
     The default recipe reuses the committed weights (:data:`ASSETS`) unless ``from_scratch``; the
     data dumps and measurements are always computed.
     """
-    from hs_tracer.testbed.target import deterministic
+    from hs_tracer_testbed.target import deterministic
 
     with deterministic():
         return _build(Path(out_dir), recipe or Recipe(), progress, from_scratch)
 
 
 def _build(out_dir: Path, recipe: Recipe, progress: bool, from_scratch: bool) -> TestbedPaths:
-    from hs_tracer.testbed.target import build_target, load_target
+    from hs_tracer_testbed.target import build_target, load_target
 
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -103,8 +103,8 @@ def pool_from_testbed(target_dir, docs: int, domain: str, seed: int, skip_first:
     served), with every source: embedding, block:0..N-1, final_norm."""
     import torch
 
-    from hs_tracer.testbed import corpus, dumps
-    from hs_tracer.testbed.target import encode, load_target
+    from hs_tracer_testbed import corpus, dumps
+    from hs_tracer_testbed.target import encode, load_target
 
     target = load_target(target_dir)
     n = len(target.model.layers)

@@ -13,7 +13,7 @@ Two distributions:
 * domain ``other`` (count-downs, backward cycles, colour cycles): a different prompt distribution
   for drift tests. The target sees a little of it; the draft data never does.
 
-All text is space-separated words; the tokenizer (:mod:`hs_tracer.testbed.tokenizer`) is
+All text is space-separated words; the tokenizer (:mod:`hs_tracer_testbed.tokenizer`) is
 word-level, so one word is one token.
 """
 

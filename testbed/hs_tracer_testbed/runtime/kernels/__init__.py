@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from hs_tracer.testbed.runtime.kernels import attention, kvcache, speculative
+from hs_tracer_testbed.runtime.kernels import attention, kvcache, speculative
 
 NAMESPACE = "sgl_kernel"
 AMX_PROBE_OP = "convert_weight_packed"

@@ -3,6 +3,6 @@ EAGLE-3) on a machine without a GPU. Applied only through :mod:`.launcher`, neve
 hs_tracer in production. Importing this package is cheap (no torch, no SGLang): the
 ``sitecustomize`` hook imports it in every SGLang process the launcher starts.
 
-Entry points: :func:`hs_tracer.testbed.runtime.launcher.start_engine` and
-:func:`hs_tracer.testbed.runtime.launcher.engine`.
+Entry points: :func:`hs_tracer_testbed.runtime.launcher.start_engine` and
+:func:`hs_tracer_testbed.runtime.launcher.engine`.
 """

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.testbed import corpus
-from hs_tracer.testbed.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, vocabulary
+from hs_tracer_testbed import corpus
+from hs_tracer_testbed.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer, vocabulary
 
 if TYPE_CHECKING:
     import torch

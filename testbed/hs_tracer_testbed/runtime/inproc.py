@@ -15,7 +15,7 @@ import socket
 def init_world_of_one() -> None:
     """Prepare the CPU runtime, start a gloo world of size 1 and publish a CPU runtime context.
     Call before importing SGLang in a fresh process."""
-    from hs_tracer.testbed.runtime.launcher import prepare_process
+    from hs_tracer_testbed.runtime.launcher import prepare_process
 
     prepare_process()
     with socket.socket() as s:

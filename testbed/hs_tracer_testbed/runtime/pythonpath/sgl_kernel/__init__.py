@@ -3,7 +3,7 @@
 Why: with ``SGLANG_USE_CPU_ENGINE=1`` SGLang 0.5.23 imports ~80 names from ``sgl_kernel`` at module
 level, but the CPU build of sgl-kernel is not published. Only the testbed launcher puts this
 directory on ``PYTHONPATH``. Importing it registers the testbed's pure-torch CPU ops under
-``torch.ops.sgl_kernel`` (see ``hs_tracer.testbed.runtime.kernels``) and exports them by name;
+``torch.ops.sgl_kernel`` (see ``hs_tracer_testbed.runtime.kernels``) and exports them by name;
 every other name resolves to a stub that raises a clear error naming the op when called, so a
 code path that needs an unported kernel fails loudly instead of computing garbage.
 """
@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from hs_tracer.testbed.runtime.kernels import OP_NAMES, register_ops
+from hs_tracer_testbed.runtime.kernels import OP_NAMES, register_ops
 
 __version__ = "0.0.0+hs-tracer-testbed"
 HS_TRACER_TESTBED_STAND_IN = True
@@ -34,7 +34,7 @@ def _stub(name: str):
         raise UnavailableKernelError(
             f"sgl_kernel.{name} was called, but the hs_tracer CPU testbed's sgl_kernel stand-in does not "
             f"implement it (implemented: {', '.join(OP_NAMES)}). Keep the model on the layers' "
-            "forward_native paths, or add a pure-torch version in hs_tracer/testbed/runtime/kernels."
+            "forward_native paths, or add a pure-torch version in testbed/hs_tracer_testbed/runtime/kernels."
         )
 
     unavailable.__name__ = name

@@ -10,6 +10,6 @@ costs nothing for processes that never import SGLang.
 import os
 
 if os.environ.get("HS_TRACER_TESTBED_RUNTIME") == "1":
-    from hs_tracer.testbed.runtime import patches
+    from hs_tracer_testbed.runtime import patches
 
     patches.install()

@@ -2,7 +2,7 @@
 
 Why a launcher: running SGLang's EAGLE path without a GPU takes an environment that production
 must never see (a ``sgl_kernel`` stand-in on PYTHONPATH, pure-torch kernels registered as
-``torch.ops.sgl_kernel.*``, two SGLang patches, see :mod:`hs_tracer.testbed.runtime.patches`).
+``torch.ops.sgl_kernel.*``, two SGLang patches, see :mod:`hs_tracer_testbed.runtime.patches`).
 This module is the only place that turns it on: it sets the environment for the current process
 and for the scheduler processes SGLang spawns (the ``sitecustomize`` in the PYTHONPATH directory
 re-applies the patches there), then starts the engine with small CPU settings.
@@ -22,6 +22,9 @@ from typing import Any
 
 RUNTIME_FLAG = "HS_TRACER_TESTBED_RUNTIME"
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+# Where hs_tracer_testbed itself is importable from: the ``sitecustomize`` imports it at interpreter
+# start in every engine process, before anything could extend ``sys.path``.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 # Small settings that fit a 2-core, few-GiB machine and keep runs deterministic.
 DEFAULT_ENGINE_KWARGS: dict[str, Any] = {
@@ -42,13 +45,15 @@ class TestbedRuntimeError(RuntimeError):
 
 def runtime_env() -> dict[str, str]:
     """The environment variables the testbed runtime needs, for this process and its children."""
+    ours = (str(PYTHONPATH_DIR), str(PACKAGE_ROOT))
     pythonpath = os.environ.get("PYTHONPATH", "")
-    parts = [p for p in pythonpath.split(os.pathsep) if p and p != str(PYTHONPATH_DIR)]
+    parts = [p for p in pythonpath.split(os.pathsep) if p and p not in ours]
+    # The package root goes last: where it is site-packages it must not shadow the caller's path.
     return {
         "SGLANG_USE_CPU_ENGINE": "1",
         "TORCHDYNAMO_DISABLE": "1",
         RUNTIME_FLAG: "1",
-        "PYTHONPATH": os.pathsep.join([str(PYTHONPATH_DIR), *parts]),
+        "PYTHONPATH": os.pathsep.join([ours[0], *parts, ours[1]]),
     }
 
 
@@ -58,7 +63,7 @@ def prepare_process(env: Mapping[str, str] | None = None) -> None:
 
     Must run before SGLang is first imported in this process: SGLang decides CPU vs. GPU at import.
     """
-    from hs_tracer.testbed.runtime import patches
+    from hs_tracer_testbed.runtime import patches
 
     os.environ.update(runtime_env())
     if env:
@@ -78,7 +83,7 @@ def prepare_process(env: Mapping[str, str] | None = None) -> None:
         if not is_cpu():
             raise TestbedRuntimeError(
                 "sglang was imported before the CPU testbed runtime was prepared, so it chose a GPU "
-                "code path; call hs_tracer.testbed.runtime.launcher.prepare_process() before importing "
+                "code path; call hs_tracer_testbed.runtime.launcher.prepare_process() before importing "
                 "sglang (or start the engine in a fresh process)"
             )
 

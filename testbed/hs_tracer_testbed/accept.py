@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hs_tracer.testbed.dumps import layer_states
+from hs_tracer_testbed.dumps import layer_states
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hs_tracer.testbed.corpus import all_words
+from hs_tracer_testbed.corpus import all_words
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hs_tracer.testbed.build import TestbedPaths
+    from hs_tracer_testbed.build import TestbedPaths
 
 DEMO_ENV = {
     "HS_TRACER": "1",
@@ -86,7 +86,7 @@ def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], 
     """One engine run (traced unless ``traced=False``; kept up ``linger_s`` after the workload, e.g.
     for a metrics scrape). Must run in a process that has not imported
     SGLang's GPU path (the CPU runtime decides the device at import); the launcher checks."""
-    from hs_tracer.testbed.runtime.launcher import engine
+    from hs_tracer_testbed.runtime.launcher import engine
 
     with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-") as tmp:
         report_dir = Path(tmp)
@@ -120,9 +120,9 @@ def testbed_profile(tb: TestbedPaths) -> Path:
 def run(target: Path | None = None, draft: Path | None = None, *, profile: Path | None = None,
         scenarios: list[str] | None = None, num_prompts: int = 16, max_new_tokens: int = 32) -> list[Run]:
     """The demo: the testbed models (or the given ones), correct wiring, then each miswiring."""
-    from hs_tracer.testbed import ensure_testbed
-    from hs_tracer.testbed.corpus import prompts as corpus_prompts
-    from hs_tracer.testbed.miswire import write_variant
+    from hs_tracer_testbed import ensure_testbed
+    from hs_tracer_testbed.corpus import prompts as corpus_prompts
+    from hs_tracer_testbed.miswire import write_variant
 
     prompts = corpus_prompts(seed=1234, n=num_prompts)
     runs: list[Run] = []

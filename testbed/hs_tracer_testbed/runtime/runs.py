@@ -6,7 +6,7 @@ the same prompts; each engine start costs tens of seconds on a small CPU machine
 all prompts into one ``generate`` call per configuration. Runs as a module in a fresh process
 (SGLang must be imported after the testbed runtime is prepared)::
 
-    python -m hs_tracer.testbed.runtime.runs --target T [--draft D] --prompts P.json \\
+    python -m hs_tracer_testbed.runtime.runs --target T [--draft D] --prompts P.json \\
         --config plain --config chain3:3:1 --max-new-tokens 24 --out result.json
 """
 
@@ -80,7 +80,7 @@ def run_configs(
     """Start one engine per config (sequentially), greedy-generate ``prompts`` (texts or token
     ids) in one batch, shut it down. Must run in a process where SGLang was not imported yet.
     ``ignore_eos`` (default) makes every output exactly ``max_new_tokens`` long."""
-    from hs_tracer.testbed.runtime.launcher import engine
+    from hs_tracer_testbed.runtime.launcher import engine
 
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
     key = "input_ids" if prompts and not isinstance(prompts[0], str) else "prompt"

@@ -8,22 +8,38 @@ status (DESIGN §5.3): 0 healthy, 1 critical findings, 2 usage or input errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import os
 import sys
+import traceback
+from typing import NoReturn
+
+from hs_tracer.inputs.errors import InputError
 
 # Order here is the order in --help.
 COMMANDS = ("demo", "profile", "diagnose", "check", "replay", "testbed", "dashboards")
 
 
-class UsageError(Exception):
-    """A problem with the user's input: printed as one line with the fix, exit status 2."""
+# A problem with the user's input: printed as one line with the fix, exit status 2.
+UsageError = InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hs-tracer",
         description="Trace and diagnose the hidden-state features SGLang feeds an EAGLE-3 draft model.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback behind an error message")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         try:
@@ -41,10 +57,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"hs-tracer {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, str(exc), exc)
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+            return _closed_pipe()
+        # A path the user gave cannot be read or written (permissions, too long, a full disk).
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(args, f"{where}{exc.strerror or exc}; check the path and its permissions", exc)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(args: argparse.Namespace, message: str, exc: BaseException) -> int:
+    if args.debug:
+        traceback.print_exception(exc)
+    with contextlib.suppress(OSError):
+        print(f"hs-tracer {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _closed_pipe() -> int:
+    """The reader of our output went away (``| head``): stop quietly, as command-line tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+    return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the closed pipe
 
 
 if __name__ == "__main__":

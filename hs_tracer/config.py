@@ -31,22 +31,35 @@ class TracerConfig:
     window_tokens: int = 2048  # HS_TRACER_WINDOW_TOKENS: tokens per diagnosis window
     queue_size: int = 1024  # HS_TRACER_QUEUE_SIZE: step records buffered for the recorder thread
     metrics_port: int | None = None  # HS_TRACER_METRICS_PORT: own /metrics when SGLang's are off
+    metrics_addr: str = "0.0.0.0"  # HS_TRACER_METRICS_ADDR: address that /metrics binds to
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
 def _fraction(name: str, raw: str) -> float:
-    value = float(raw)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name}={raw!r} must be a fraction between 0 and 1")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(f"{name}={raw!r} must be a fraction between 0 and 1, e.g. 0.01")
     return value
 
 
-def _positive_int(name: str, raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be a positive integer")
-    return value
+def _int_in(low: int, high: int):
+    """An integer in ``[low, high]``: the bounds keep memory and disk bounded and ports real."""
+
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not an integer; give a whole number between {low} and "
+                             f"{high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"{name}={raw!r} is out of range; give a whole number between {low} and {high}")
+        return value
+
+    return parse
 
 
 def _existing_file(name: str, raw: str) -> Path:
@@ -68,14 +81,18 @@ _PARSERS = {
     "HS_TRACER_REPORT_DIR": ("report_dir", lambda _n, raw: Path(raw).expanduser()),
     "HS_TRACER_CAPTURE_DIR": ("capture_dir", lambda _n, raw: Path(raw).expanduser()),
     "HS_TRACER_CAPTURE_RATE": ("capture_rate", _fraction),
-    "HS_TRACER_CAPTURE_MAX_BYTES": ("capture_max_bytes", _positive_int),
+    "HS_TRACER_CAPTURE_MAX_BYTES": ("capture_max_bytes", _int_in(4096, 1 << 50)),
     "HS_TRACER_SPAN_SAMPLE": ("span_sample", _fraction),
-    "HS_TRACER_WINDOW_TOKENS": ("window_tokens", _positive_int),
-    "HS_TRACER_QUEUE_SIZE": ("queue_size", _positive_int),
-    "HS_TRACER_METRICS_PORT": ("metrics_port", _positive_int),
+    "HS_TRACER_WINDOW_TOKENS": ("window_tokens", _int_in(1, 1 << 24)),
+    "HS_TRACER_QUEUE_SIZE": ("queue_size", _int_in(1, 1 << 20)),
+    "HS_TRACER_METRICS_PORT": ("metrics_port", _int_in(1, 65535)),
+    "HS_TRACER_METRICS_ADDR": ("metrics_addr", lambda _n, raw: raw.strip()),
     "HS_TRACER_LOG_LEVEL": ("log_level", lambda name, raw: _log_level(name, raw)),
     "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
 }
+
+
+VARIABLES = ("HS_TRACER", *_PARSERS)
 
 
 def load(environ: Mapping[str, str] = os.environ) -> tuple[TracerConfig, list[str]]:

@@ -32,20 +32,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
+    from hs_tracer.inputs.model_config import check_draft, check_target
+    from hs_tracer.inputs.profile import load_profile
+    from hs_tracer.inputs.server_args import check_server_args
     from hs_tracer.preflight import runner
     from hs_tracer.preflight.checkpoint import CheckpointError
     from hs_tracer.preflight.config import ConfigError
     from hs_tracer.preflight.safetensors_header import SafetensorsError
-    from hs_tracer.preflight.spec_args import ServerArgsError, parse_server_args
+    from hs_tracer.preflight.spec_args import ServerArgsError
     from hs_tracer.profile.model import ProfileError
 
     if args.engine.replace(" ", "") not in runner.SUPPORTED_ENGINES:
         raise UsageError(f"--engine {args.engine} is not supported; this release checks against "
                          f"{', '.join(runner.SUPPORTED_ENGINES)}")
-    if not args.draft.is_dir():
-        raise UsageError(f"--draft {args.draft}: not a directory; pass the draft's checkpoint directory")
+    check_draft(args.draft)
+    check_target(args.target)
+    if args.profile is not None:
+        load_profile(args.profile)
+    requested = check_server_args(args.server_args) if args.server_args is not None else None
     try:
-        requested = parse_server_args(args.server_args) if args.server_args is not None else None
         spec = None
         if args.sglang_resolve:
             spec = _sglang_resolution(requested, args.target, args.draft)

@@ -41,14 +41,18 @@ def run(args: argparse.Namespace) -> int:
 
     if not testbed_installed():
         raise UsageError(TESTBED_MISSING)
+    from hs_tracer.inputs.model_config import check_draft, check_target
+    from hs_tracer.inputs.profile import load_profile
     from hs_tracer_testbed import demo
 
-    for name in ("target", "draft"):
-        path = getattr(args, name)
-        if path is not None and not (path / "config.json").is_file():
-            raise UsageError(f"--{name} {path}: no config.json there; pass a Hugging Face model directory")
-    if args.profile is not None and not args.profile.is_file():
-        raise UsageError(f"--profile {args.profile}: no such file; build one with `hs-tracer profile build`")
+    if args.target is not None:
+        check_target(args.target)
+    if args.draft is not None:
+        check_draft(args.draft)
+    if args.profile is not None:
+        load_profile(args.profile)
+    if args.prompts < 1 or args.max_new_tokens < 1:
+        raise UsageError("--prompts and --max-new-tokens take positive numbers")
     if args.target is not None and args.draft is None:
         raise UsageError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
     scenarios = args.scenarios if args.scenarios is not None else (

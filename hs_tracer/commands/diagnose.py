@@ -33,10 +33,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# Tuning flags: (lowest allowed value, why). A factor below 1 would call correct windows wrong.
+_LIMITS = {
+    "min_tokens": (1, "a window needs at least one token"),
+    "match_safety": (1e-9, "a positive multiplier"),
+    "rho_min": (1.0, "a ratio of at least 1"),
+    "drift_factor": (1.0, "a factor of at least 1"),
+    "unknown_factor": (1.0, "a factor of at least 1"),
+}
+
+
 def thresholds_from(args: argparse.Namespace):
+    import math
     from dataclasses import replace
 
     from hs_tracer.diagnosis.matcher import Thresholds
+    from hs_tracer.inputs import InputError
+
+    for name, (low, what) in _LIMITS.items():
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value >= low):
+            raise InputError(f"--{name.replace('_', '-')} {value}", f"needs {what}",
+                             "leave it out to use the calibrated default")
 
     changes = {
         k: v
@@ -56,11 +74,15 @@ def run(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
     from hs_tracer.diagnosis.identity import diagnose_detailed
     from hs_tracer.diagnosis.live import read_live
-    from hs_tracer.profile.model import Profile, ProfileError
+    from hs_tracer.inputs.capture import check_live
+    from hs_tracer.inputs.profile import load_profile
+    from hs_tracer.profile.model import ProfileError
     from hs_tracer.profile.readers import LayoutError
 
+    thresholds = thresholds_from(args)
+    profile = load_profile(args.profile)
+    check_live(args.live, profile, args.profile)
     try:
-        profile = Profile.load(args.profile)
         live = read_live(args.live, profile.hidden_size, int(profile.meta.get("skip_first_positions", 1)))
         result = diagnose_detailed(
             live.stats,
@@ -68,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             tokens=live.tokens,
             nonfinite=live.nonfinite,
             width=live.width,
-            thresholds=thresholds_from(args),
+            thresholds=thresholds,
         )
     except (ProfileError, LayoutError, ValueError) as exc:
         raise UsageError(str(exc)) from exc

@@ -109,12 +109,34 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
+def _check_build_inputs(args: argparse.Namespace) -> None:
+    """Every input exists and is well formed, and the output replaces none of them: before any work."""
+    from hs_tracer.inputs import InputError
+    from hs_tracer.inputs.capture import check_capture
+    from hs_tracer.inputs.model_config import check_target, read_config
+    from hs_tracer.inputs.outputs import check_output
+    from hs_tracer.profile.capture_format import is_capture_dir
+
+    inputs = [*args.sources, *(p for p in (args.draft, args.target, args.atlas) if p is not None)]
+    for src in [*args.sources, *([args.atlas] if args.atlas else [])]:
+        if not src.exists():
+            raise InputError(src, "no such file or directory", "pass a SpecForge, speculators or capture dir")
+        if src.is_dir() and is_capture_dir(src):
+            check_capture(src)
+    if args.target is not None:
+        check_target(args.target)
+    if args.draft is not None:
+        read_config(args.draft, "--draft", "draft")
+    check_output(args.output, "-o", inputs)
+
+
 def run_build(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
     from hs_tracer.profile import build
     from hs_tracer.profile.model import ProfileError
     from hs_tracer.sources import Convention, Family, family_of
 
+    _check_build_inputs(args)
     try:
         target = build.read_target(args.target) if args.target else build.TargetInfo()
         if args.num_layers is not None:
@@ -179,11 +201,16 @@ def run_build(args: argparse.Namespace) -> int:
         )
     except (build.BuildError, ProfileError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
-    profile.save(args.output)
-    print(profile.summary())
+    if profile.atlas is not None and profile.atlas.stats.hidden != profile.slots.hidden:
+        raise UsageError(f"--atlas {args.atlas}", f"hidden size {profile.atlas.stats.hidden} but the "
+                         f"data is of hidden size {profile.slots.hidden}",
+                         "pass the atlas dump of the same target")
     from hs_tracer.diagnosis.calibration import profile_findings
 
-    for finding in profile_findings(profile):
+    findings = profile_findings(profile)  # before writing: nothing is written unless all of it succeeds
+    profile.save(args.output)
+    print(profile.summary())
+    for finding in findings:
         print("  " + finding.one_line())
     print(f"wrote {args.output}")
     return 0
@@ -191,10 +218,14 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_merge(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
-    from hs_tracer.profile.model import Profile, ProfileError, merge_profiles
+    from hs_tracer.inputs.outputs import check_output
+    from hs_tracer.inputs.profile import load_profile
+    from hs_tracer.profile.model import ProfileError, merge_profiles
 
+    check_output(args.output, "-o", args.profiles)
+    profiles = [load_profile(p, flag="") for p in args.profiles]
     try:
-        merged = merge_profiles([Profile.load(p) for p in args.profiles])
+        merged = merge_profiles(profiles)
     except ProfileError as exc:
         raise UsageError(str(exc)) from exc
     merged.save(args.output)
@@ -204,13 +235,9 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
-    from hs_tracer.profile.model import Profile, ProfileError
+    from hs_tracer.inputs.profile import load_profile
 
-    try:
-        profile = Profile.load(args.profile)
-    except ProfileError as exc:
-        raise UsageError(str(exc)) from exc
+    profile = load_profile(args.profile, flag="")
     if args.json:
         print(json.dumps(profile.meta, indent=2, sort_keys=True))
     else:

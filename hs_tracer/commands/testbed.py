@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "seeds, versions, measured accept lengths). Same recipe and machine give the same files."
         ),
     )
-    b.add_argument("--out", type=Path, required=True, help="output directory (replaced if it exists)")
+    b.add_argument("--out", type=Path, required=True,
+                   help="output directory: new, empty, or an earlier testbed build (which is replaced)")
     b.add_argument("--small", action="store_true", help="tiny barely-trained recipe (seconds; for tests)")
     b.add_argument(
         "--from-scratch",
@@ -29,7 +30,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=run_build)
 
 
+# Everything a testbed build writes at its top level; a directory holding anything else is not ours.
+_BUILD_ENTRIES = frozenset({"target", "draft", "data", "manifest.json", "build_log.json"})
+
+
+def _earlier_build(out: Path) -> bool:
+    """Whether ``out`` is a testbed this tool built, and nothing else (so replacing it loses nothing)."""
+    import json
+
+    from hs_tracer_testbed.build import BUILD_FORMAT
+
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+        names = {p.name for p in out.iterdir()}
+    except (OSError, ValueError):
+        return False
+    return (isinstance(manifest, dict) and manifest.get("format") == BUILD_FORMAT
+            and "recipe_hash" in manifest and names <= _BUILD_ENTRIES)
+
+
 def run_build(args: argparse.Namespace) -> int:
+    import os
+    import shutil
+
     from hs_tracer.cli import UsageError
     from hs_tracer.commands import TESTBED_MISSING, testbed_installed
 
@@ -38,16 +61,36 @@ def run_build(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory; pass a directory path")
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").exists():
-        raise UsageError(
-            f"--out {out}: a non-empty directory that is not a testbed; pass a new or testbed dir"
-        )
+        raise UsageError(f"--out {out}", "exists and is not a directory", "pass a directory path")
+    replace = out.is_dir() and any(out.iterdir())
+    if replace and not _earlier_build(out):
+        raise UsageError(f"--out {out}", "a non-empty directory that is not a testbed build",
+                         "pass a new or empty directory; nothing in it was touched")
+    parent = out.absolute().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}", f"{parent} is not a writable directory", "pick another path")
 
-    from hs_tracer_testbed.build import Recipe, build
+    from hs_tracer_testbed.build import Recipe, TestbedPaths, build
 
     recipe = Recipe.small() if args.small else Recipe()
-    paths = build(out, recipe, progress=not args.quiet, from_scratch=args.from_scratch)
+    # Built beside the destination and moved into place only when complete.
+    staging = parent / f".{out.name}.building-{os.getpid()}"
+    try:
+        build(staging, recipe, progress=not args.quiet, from_scratch=args.from_scratch)
+        if out.is_dir() and not any(out.iterdir()):
+            for item in staging.iterdir():  # the user's empty directory stays, mode and all
+                item.rename(out / item.name)
+        else:
+            old = parent / f".{out.name}.old-{os.getpid()}"
+            if out.exists():
+                out.rename(old)
+            staging.rename(out)
+            if old.exists():
+                shutil.rmtree(old)  # our own earlier build, checked above
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    paths = TestbedPaths.under(out)
     m = paths.load_manifest()
     acc = m["accept_length"]
     print(f"testbed written to {paths.root} (recipe {m['recipe_hash']})")

@@ -113,6 +113,7 @@ class CaptureSink:
         self.pending: collections.deque[_Pending] = collections.deque()
         self.dropped = 0  # sampled but not written (writer behind, or larger than the bound)
         self.written = 0
+        self.stopped: str | None = None  # why capture stopped for good (the disk refused a write)
         self._accept: list[int] = []
         self._accept_since = self._accept_last = 0.0
         manifest = cf.CaptureManifest(
@@ -153,7 +154,7 @@ class CaptureSink:
     def offer_prefill(self, features: Any, input_ids: Any, next_token_ids: Any,
                       prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
         """Maybe take this prefill's draft input. No host sync; keeps no reference to SGLang's tensors."""
-        if features is None or input_ids is None or not self.sampler.take():
+        if features is None or input_ids is None or self.stopped or not self.sampler.take():
             return
         if len(self.pending) >= MAX_PENDING:
             self.dropped += 1
@@ -181,7 +182,25 @@ class CaptureSink:
         self._accept.extend(int(v) for v in lengths)
 
     def poll(self) -> int:
-        """Write every capture whose copy has completed; flush old accept lengths. Returns shards written."""
+        """Write every capture whose copy has completed; flush old accept lengths. Returns shards written.
+
+        A write the disk refuses (full, removed, read-only) stops capture for good with one log line;
+        tracing and serving go on."""
+        try:
+            return self._poll()
+        except OSError as exc:
+            self._stop(exc)
+            return 0
+
+    def _stop(self, exc: OSError) -> None:
+        if self.stopped is None:
+            self.stopped = f"{exc.strerror or exc} ({self.path})"
+            logger.error("hs_tracer: capture stopped: %s; tracing and serving continue", self.stopped)
+        self.dropped += len(self.pending)
+        self.pending.clear()
+        self._accept = []
+
+    def _poll(self) -> int:
         written = 0
         while self.pending and self.pending[0].ready():
             self._write(self.pending.popleft())
@@ -197,8 +216,11 @@ class CaptureSink:
     def flush(self) -> None:
         """Write whatever is ready and pending accept lengths (at shutdown)."""
         self.poll()
-        if self._accept:
-            self._write(None)
+        if self._accept and not self.stopped:
+            try:
+                self._write(None)
+            except OSError as exc:
+                self._stop(exc)
 
     def _write(self, cap: _Pending | None) -> None:
         import torch

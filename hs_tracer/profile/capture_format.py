@@ -44,9 +44,13 @@ _CORE_KEYS = frozenset({"features", "input_ids", "positions", "accept_lengths"})
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        path.unlink(missing_ok=True)  # a shard cut short by a full disk is not left behind
+        raise
     os.chmod(path, 0o600)
 
 
@@ -82,6 +86,8 @@ class CaptureManifest:
                 f"{where}: capture version {data.get('version')} is not supported (need {VERSION})"
             )
         try:
+            for shard in data["shards"]:
+                shard_name(shard, where)
             return cls(
                 num_slots=int(data["num_slots"]),
                 hidden_size=int(data["hidden_size"]),
@@ -105,6 +111,26 @@ class CaptureManifest:
             raise ValueError(
                 f"{where}: manifest lacks or mangles num_slots/hidden_size/shards ({exc})"
             ) from exc
+
+
+def shard_name(entry: Any, where: Path) -> str:
+    """A manifest's shard file name: a plain file name in the capture directory, nothing else."""
+    name = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or "\0" in name or name.startswith("."):
+        raise ValueError(f"{where}: shard entry {entry!r} is not a plain file name inside the capture "
+                         "directory (paths, '..' and hidden files are refused)")
+    return name
+
+
+def shard_file(root: Path, entry: Any) -> Path:
+    """The shard's path, refused when it is a symlink or resolves outside the capture directory."""
+    root = Path(root)
+    file = root / shard_name(entry, root / MANIFEST)
+    if file.is_symlink() or file.resolve().parent != root.resolve():
+        raise ValueError(f"{file}: a capture shard must be a regular file inside {root} (symlinks are "
+                         "refused)")
+    return file
 
 
 def is_capture_dir(path: Path) -> bool:
@@ -131,8 +157,8 @@ class CaptureWriter:
 
     def __init__(self, path: str | Path, manifest: CaptureManifest) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path, 0o700)
+        # Only a directory created here gets 0700; an existing one keeps its owner's mode.
+        self.path.mkdir(parents=True, mode=0o700, exist_ok=True)
         self.manifest = manifest
 
     def write(
@@ -201,7 +227,7 @@ def iter_shards(path: Path, manifest: CaptureManifest | None = None) -> Iterator
 
     manifest = manifest or read_manifest(path)
     for shard in manifest.shards:
-        file = Path(path) / shard["file"]
+        file = shard_file(Path(path), shard)
         with safe_open(str(file), framework="pt") as f:
             keys = set(f.keys())
             feats = f.get_tensor("features").float().numpy()

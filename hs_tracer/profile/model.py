@@ -16,7 +16,6 @@ All of them are sums, so :func:`merge_profiles` of shard profiles equals the sin
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.inputs.outputs import atomic_write
 from hs_tracer.profile.accumulate import merge_piece_arrays
 
 FORMAT = "hs_tracer_profile"
@@ -131,12 +131,7 @@ class Profile:
         meta["extras_sources"] = self.extras.names if self.extras else []
         meta["atlas_sources"] = self.atlas.names if self.atlas else []
         data = save(self.tensors(), metadata={_META_KEY: json.dumps(meta, sort_keys=True)})
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        return path
+        return atomic_write(path, data)
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

@@ -225,7 +225,7 @@ class CaptureReader(Reader):
         super().__init__(root)
 
     def _list(self) -> list[Path]:
-        return [self.root / s["file"] for s in self.manifest.shards]
+        return [capture_format.shard_file(self.root, s) for s in self.manifest.shards]
 
     def layout(self) -> Layout:
         m = self.manifest

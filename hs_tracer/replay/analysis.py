@@ -60,6 +60,7 @@ class ReplayResult:
     candidates: list[Candidate] = field(default_factory=list)
     fix: dict[str, Any] = field(default_factory=dict)
     acceptance: dict[str, Any] | None = None
+    findings: list[Any] = field(default_factory=list)  # e.g. non_finite_features (rows left out)
 
     @property
     def level(self) -> float | None:
@@ -102,7 +103,8 @@ class ReplayResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.status == "miswired" else 0
+        critical = any(f.severity.value == "critical" for f in self.findings)
+        return 1 if self.status == "miswired" or critical else 0
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recovered_by()
@@ -126,6 +128,7 @@ class ReplayResult:
             "recovered_by": None if rec is None else rec.to_json(self.slot_sources),
             "fix": self.fix,
             "acceptance": self.acceptance,
+            "findings": [f.to_json() for f in self.findings],
         }
 
 
@@ -322,6 +325,10 @@ def _replay(capture: Path, draft_dir: Path, target_dir: Path | None, training: P
     from hs_tracer.diagnosis.live import acceptance_of
 
     manifest, seqs, accept = D.load_capture(capture, max_tokens)
+    seqs, nonfinite, values = D.finite_only(seqs)
+    if not seqs and nonfinite:
+        raise ValueError(f"{capture}: every captured row holds NaN/Inf values ({nonfinite} of {values}); "
+                         "nothing to replay: look for overflow in the target")
     if not seqs:
         raise ValueError(f"{capture}: the capture holds no feature rows yet (raise HS_TRACER_CAPTURE_RATE "
                          "or capture longer)")
@@ -354,8 +361,13 @@ def _replay(capture: Path, draft_dir: Path, target_dir: Path | None, training: P
         cached_prefix_sequences=sum(1 for s in seqs if s.first_position > 0), candidates=cands,
     )
     if training is not None:
-        train_seqs = D.load_training(training, k, h, max_tokens)
+        train_seqs, train_nonfinite, _ = D.finite_only(D.load_training(training, k, h, max_tokens))
+        nonfinite += train_nonfinite
         result.training, result.training_path = agreement(draft, train_seqs, ident), training
+    # Rows with NaN/Inf were left out of every agreement above; say so instead of averaging them in.
+    from hs_tracer.diagnosis.matcher import nonfinite_finding
+
+    result.findings = nonfinite_finding(nonfinite, values)
     acc = acceptance_of(accept) if accept.size else None
     result.acceptance = None if acc is None else acc.to_json()
     result.fix = fix_for(result, manifest)
@@ -392,6 +404,7 @@ def human(result: ReplayResult) -> str:
                      f"{rec['agreement']:.3f}")
     if d["fix"]:
         lines.append(f"fix: {d['fix']['message']}")
+    lines.extend(f.one_line() for f in result.findings)
     return "\n".join(lines)
 
 

@@ -61,6 +61,18 @@ def load_capture(path: Path, max_tokens: int | None = None) -> tuple[capture_for
     return manifest, seqs, acc
 
 
+def finite_only(seqs: list[Sequence]) -> tuple[list[Sequence], int, int]:
+    """The sequences whose features are all finite, the non-finite values left out, all values seen."""
+    kept, nonfinite, values = [], 0, 0
+    for s in seqs:
+        bad = int((~torch.isfinite(s.features)).sum())
+        nonfinite += bad
+        values += s.features.numel()
+        if not bad:
+            kept.append(s)
+    return kept, nonfinite, values
+
+
 def _spans_from_positions(positions: np.ndarray) -> list[int]:
     """Request boundaries where positions stop counting up by one (captures without extend_lens)."""
     if positions.size == 0:

@@ -45,12 +45,13 @@ def _in_scheduler_process() -> bool:
 
 
 def _register() -> None:
-    cfg, errors = config.load(os.environ)
-    if not errors:
-        logger.setLevel(cfg.log_level)
-    if errors:
-        logger.error("hs_tracer: tracing stays off, invalid settings: %s", "; ".join(errors))
+    from hs_tracer.inputs import env
+
+    cfg, error = env.validate(os.environ)
+    if error:
+        logger.error("%s", error)
         return
+    logger.setLevel(cfg.log_level)
 
     from hs_tracer.integrations.sglang import versions
 

@@ -68,6 +68,7 @@ class TracerState:
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
     queue: queue.Queue[StepRecord] = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _report_error: str | None = None  # the last report write the OS refused (logged once)
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
 
@@ -246,6 +247,9 @@ class TracerState:
             },
             "wiring": _asdict(self.wiring),
             "ranks": _asdict(self.ranks),
+            "capture_sink": None if self.capture is None else {
+                "path": str(self.capture.path), "written": self.capture.written,
+                "dropped": self.capture.dropped, "stopped": self.capture.stopped},
         }
         if self.recorder is not None:
             out["diagnosis"] = self.recorder.report_json()
@@ -258,11 +262,19 @@ class TracerState:
         report_dir = self.config.report_dir
         if report_dir is None:
             return
-        report_dir.mkdir(parents=True, exist_ok=True)
         path = report_dir / f"scheduler-{os.getpid()}.json"
         tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(self.status(), indent=2, default=str))
-        tmp.replace(path)
+        try:  # recreated if removed while running; a refused write is logged once, tracing goes on
+            report_dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.status(), indent=2, default=str))
+            tmp.replace(path)
+            self._report_error = None
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if self._report_error != exc.strerror:
+                self._report_error = exc.strerror
+                logger.error("hs_tracer: cannot write the report to %s (%s); tracing goes on", report_dir,
+                             exc.strerror or exc)
 
 
 def _ranks() -> tuple[Ranks, bool]:

@@ -290,6 +290,18 @@ def test_close_frees_the_port() -> None:
         s.bind(("0.0.0.0", port))
 
 
+def test_own_endpoint_binds_the_address_from_the_config() -> None:
+    from hs_tracer import config
+
+    cfg, errors = config.load({"HS_TRACER_METRICS_ADDR": "127.0.0.1"})
+    assert not errors and config.TracerConfig().metrics_addr == "0.0.0.0"
+    e = PrometheusExporter(MODEL, Ranks(), port=0, addr=cfg.metrics_addr)
+    try:
+        assert e._server is not None and e._server.server_address[0] == "127.0.0.1"
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_batched_histogram_update_equals_one_observe_per_request(fast: bool) -> None:
     """The exporter adds equal accept lengths in one go; the exposition must be exactly what one

@@ -52,8 +52,9 @@ def _require(module: str, package: str) -> None:
     from hs_tracer.cli import UsageError
 
     if importlib.util.find_spec(module) is None:
-        raise UsageError(f"{package} is not installed; install the pinned version from "
-                         f"requirements/runtime.in (pip install '{package}')")
+        raise UsageError(f"{package} is not installed; install hs_tracer's dashboards extra "
+                         f"(pip install 'hs_tracer[dashboards]', or from a checkout "
+                         f"pip install '.[dashboards]')")
 
 
 def run_build(args: argparse.Namespace) -> int:

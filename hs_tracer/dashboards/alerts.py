@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hs_tracer.diagnosis.findings import NOT_WIRING
 from hs_tracer.diagnosis.matcher import Thresholds
+from hs_tracer.export import prometheus as m
 
 AL_FLOOR = 1.25
 """Mean accept length below which a draft is useless: a miswired draft sits at 1.0-1.1, a correct but
@@ -35,7 +37,7 @@ DRIFT_THRESHOLD = Thresholds().drift_factor
 in units of the calibrated match level (0 = identical); the online diagnosis calls a slot drifted
 above ``drift_factor`` of them (hs_tracer.diagnosis.matcher), and so does this rule."""
 
-NON_WIRING_CODES = "feature_drift|acceptance_drop"
+NON_WIRING_CODES = "|".join(code.value for code in NOT_WIRING)
 """Critical findings with their own alert (drift, acceptance); the wiring alert leaves them out."""
 
 RUNBOOK = "docs/runbook.md"
@@ -66,8 +68,8 @@ def _acceptance_rules() -> list[dict[str, Any]]:
     return [
         _rule(
             "HsTracerAcceptLengthNearOne",
-            f"(\n  1 + rate(hs_tracer_accepted_tokens_total[10m]) / rate(hs_tracer_drafts_total[10m])\n)"
-            f" < {AL_FLOOR}\nand increase(hs_tracer_drafts_total[10m]) >= {MIN_DRAFTS}\n",
+            f"(\n  1 + rate({m.ACCEPTED_TOKENS}_total[10m]) / rate({m.DRAFTS}_total[10m])\n)"
+            f" < {AL_FLOOR}\nand increase({m.DRAFTS}_total[10m]) >= {MIN_DRAFTS}\n",
             "10m", "critical",
             "Draft accept length {{ $value | printf \"%.2f\" }} for " + WHERE,
             "Mean accept length has been below " + str(AL_FLOOR) + " for 10 minutes (currently "
@@ -78,12 +80,12 @@ def _acceptance_rules() -> list[dict[str, Any]]:
         ),
         _rule(
             "HsTracerAcceptanceDrop",
-            f"(\n  rate(hs_tracer_accepted_tokens_total[15m]) / rate(hs_tracer_draft_tokens_total[15m])\n)\n"
+            f"(\n  rate({m.ACCEPTED_TOKENS}_total[15m]) / rate({m.DRAFT_TOKENS}_total[15m])\n)\n"
             f"< {DROP_FACTOR} * (\n"
-            f"  rate(hs_tracer_accepted_tokens_total[{BASELINE}] offset 15m)\n"
-            f"  / rate(hs_tracer_draft_tokens_total[{BASELINE}] offset 15m)\n)\n"
-            f"and increase(hs_tracer_drafts_total[15m]) >= {MIN_DRAFTS}\n"
-            f"and increase(hs_tracer_drafts_total[{BASELINE}] offset 15m) >= {MIN_DRAFTS * 10}\n",
+            f"  rate({m.ACCEPTED_TOKENS}_total[{BASELINE}] offset 15m)\n"
+            f"  / rate({m.DRAFT_TOKENS}_total[{BASELINE}] offset 15m)\n)\n"
+            f"and increase({m.DRAFTS}_total[15m]) >= {MIN_DRAFTS}\n"
+            f"and increase({m.DRAFTS}_total[{BASELINE}] offset 15m) >= {MIN_DRAFTS * 10}\n",
             "15m", "warning",
             "Draft acceptance dropped to {{ $value | humanizePercentage }} for " + WHERE,
             "Acceptance rate (accepted / proposed draft tokens) over the last 15 minutes is "
@@ -99,7 +101,7 @@ def _wiring_rules() -> list[dict[str, Any]]:
     return [
         _rule(
             "HsTracerCriticalWiringFinding",
-            f'max without (severity) (\n  hs_tracer_findings_total{{severity="critical", '
+            f'max without (severity) (\n  {m.FINDINGS}_total{{severity="critical", '
             f'code!~"{NON_WIRING_CODES}"}}\n) > 0\n',
             "0m", "critical",
             "Critical hs_tracer finding {{ $labels.code }} for " + WHERE,
@@ -110,9 +112,9 @@ def _wiring_rules() -> list[dict[str, Any]]:
         ),
         _rule(
             "HsTracerSlotSourceMismatch",
-            "hs_tracer_slot_match_score >= 0\n"
+            f"{m.SLOT_MATCH_SCORE} >= 0\n"
             "and on (job, instance, model, tp_rank, pp_rank, dp_rank, slot)\n"
-            "hs_tracer_slot_mismatch == 1\n",
+            f"{m.SLOT_MISMATCH} == 1\n",
             "5m", "critical",
             "Slot {{ $labels.slot }} is fed {{ $labels.observed_source }} instead of "
             "{{ $labels.expected_source }} for " + WHERE,
@@ -123,7 +125,7 @@ def _wiring_rules() -> list[dict[str, Any]]:
         ),
         _rule(
             "HsTracerFeatureDrift",
-            f"hs_tracer_slot_drift_score > {DRIFT_THRESHOLD}\n",
+            f"{m.SLOT_DRIFT_SCORE} > {DRIFT_THRESHOLD}\n",
             "30m", "warning",
             "Draft-input slot {{ $labels.slot }} drifted from its training features for " + WHERE,
             "For 30 minutes the per-channel statistics of slot {{ $labels.slot }} have been "
@@ -139,7 +141,7 @@ def _health_rules() -> list[dict[str, Any]]:
     return [
         _rule(
             "HsTracerDisabled",
-            "hs_tracer_enabled == 0\n",
+            f"{m.ENABLED} == 0\n",
             "5m", "warning",
             "hs_tracer switched itself off for " + WHERE,
             "hs_tracer turned tracing off in this scheduler after an internal error; serving goes on, "
@@ -147,7 +149,7 @@ def _health_rules() -> list[dict[str, Any]]:
         ),
         _rule(
             "HsTracerHookErrors",
-            "increase(hs_tracer_hook_errors_total[10m]) > 0\n",
+            f"increase({m.HOOK_ERRORS}_total[10m]) > 0\n",
             "0m", "warning",
             "hs_tracer hook errors for " + WHERE,
             "{{ $value | printf \"%.0f\" }} exception(s) were caught inside hs_tracer's hooks in the "
@@ -156,8 +158,8 @@ def _health_rules() -> list[dict[str, Any]]:
         ),
         _rule(
             "HsTracerRecordsDropped",
-            "rate(hs_tracer_records_dropped_total[10m])\n"
-            "/ (rate(hs_tracer_verify_steps_total[10m]) + rate(hs_tracer_records_dropped_total[10m]))\n"
+            f"rate({m.RECORDS_DROPPED}_total[10m])\n"
+            f"/ (rate({m.VERIFY_STEPS}_total[10m]) + rate({m.RECORDS_DROPPED}_total[10m]))\n"
             f"> {DROPPED_SHARE}\n",
             "15m", "warning",
             "hs_tracer drops {{ $value | humanizePercentage }} of step records for " + WHERE,

@@ -24,6 +24,7 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
 from hs_tracer.dashboards import promql as q
+from hs_tracer.export import prometheus as m
 
 UID = "hs-tracer-overview"
 FILENAME = "hs-tracer-overview.json"
@@ -136,7 +137,7 @@ def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         _thresholds((None, "green"), (0.6, "orange"), (0.9, "red"))))
     d = d.with_panel(_stat(
         "Verify passes", "Batched verify passes per second seen by hs_tracer over the selection.", "ops",
-        q.rate("hs_tracer_verify_steps_total", "model"), _thresholds((None, "blue"))))
+        q.rate(q.total(m.VERIFY_STEPS), "model"), _thresholds((None, "blue"))))
     d = d.with_panel(_timeseries(
         "Acceptance rate per model and rank", "Accepted / proposed draft tokens, per scheduler process "
         "that traces (model, instance, ranks). Click a series for the sampled verify-step traces.",
@@ -156,7 +157,7 @@ def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_panel(_timeseries(
         "Accept-length quantiles", "p10 / p50 / p90 of the accept length per request-step (bonus "
         "included), from the accept-length histogram.", "none",
-        [_target(f"histogram_quantile({qq}, {q.rate('hs_tracer_accept_length_bucket', 'model, le')})",
+        [_target(f"histogram_quantile({qq}, {q.rate(q.bucket(m.ACCEPT_LENGTH), 'model, le')})",
                  f"{{{{model}}}} p{int(qq * 100)}", ref)
          for qq, ref in ((0.1, "A"), (0.5, "B"), (0.9, "C"))], min_val=1))
     d = d.with_panel(
@@ -164,7 +165,7 @@ def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         .description("Request-steps per second by accept-length bucket (bonus included). Mass in the "
                      "lowest bucket (1) means full rejections.")
         .datasource(PROM).unit("short").span(12).height(8)
-        .with_target(_target(q.rate("hs_tracer_accept_length_bucket", "le"), "{{le}}",
+        .with_target(_target(q.rate(q.bucket(m.ACCEPT_LENGTH), "le"), "{{le}}",
                              fmt=prom_m.PromQueryFormat.HEATMAP))
         .calculate(False).show_tooltip().show_legend()
         .y_axis(heatmap.YAxisConfig().unit("short").axis_label("accept length (tokens)"))
@@ -184,9 +185,9 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
                      "(expected_source), the source the live features match best (observed_source), "
                      "the match score (0..1) and whether they differ (a wiring mismatch).")
         .datasource(PROM).unit("none").decimals(3).span(24).height(8)
-        .with_target(_target(f"{q.sel('hs_tracer_slot_match_score')} >= 0", ref="A", instant=True,
+        .with_target(_target(f"{q.sel(m.SLOT_MATCH_SCORE)} >= 0", ref="A", instant=True,
                              fmt=prom_m.PromQueryFormat.TABLE))
-        .with_target(_target(f"max by ({q.PER_RANK}, slot) ({q.sel('hs_tracer_slot_mismatch')})",
+        .with_target(_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MISMATCH)})",
                              ref="B", instant=True, fmt=prom_m.PromQueryFormat.TABLE))
         .with_transformation(dash_m.DataTransformerConfig(id_val="merge", options={}))
         .with_transformation(_organize(["Time", "__name__", "job"],
@@ -202,31 +203,31 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_panel(_timeseries(
         "Slot wiring mismatch", "1 while a slot's observed source differs from the source the draft "
         "was trained on (runbook: HsTracerSlotSourceMismatch).", "bool_yes_no",
-        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel('hs_tracer_slot_mismatch')})", SLOT_LEGEND)],
+        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MISMATCH)})", SLOT_LEGEND)],
         min_val=0, max_val=1, step=True))
     d = d.with_panel(_timeseries(
         "Slot match score", "Similarity (0..1) of each slot's live features to the reference profile "
         "of its best-matching source; the legend names observed and expected sources.", "none",
-        [_target(f"{q.sel('hs_tracer_slot_match_score')} >= 0",
+        [_target(f"{q.sel(m.SLOT_MATCH_SCORE)} >= 0",
                  SLOT_LEGEND + ": {{observed_source}} (trained on {{expected_source}})")],
         min_val=0, max_val=1))
     d = d.with_panel(_timeseries(
         "Slot feature drift", "Drift of each slot's per-channel statistics from the reference of its "
         "expected source over the last diagnosis window, in units of the calibrated match level (0 = "
         "identical; above 4 the diagnosis reports feature_drift; runbook: HsTracerFeatureDrift).", "none",
-        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel('hs_tracer_slot_drift_score')})", SLOT_LEGEND)],
+        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_DRIFT_SCORE)})", SLOT_LEGEND)],
         min_val=0))
     d = d.with_panel(_timeseries(
         "Slot match margin", "Score gap between the best and second-best matching source of each slot: "
         "how sure the identification is (small = ambiguous).", "none",
-        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel('hs_tracer_slot_match_margin')})", SLOT_LEGEND)]))
+        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MATCH_MARGIN)})", SLOT_LEGEND)]))
     d = d.with_panel(_timeseries(
         "Slot RMS", "RMS of each slot's finite draft-input values in the last exported verify step "
         "(hidden-state scale). Slots fed the same layer show the same RMS.", "none",
-        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel('hs_tracer_slot_rms')})", SLOT_LEGEND)]))
+        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_RMS)})", SLOT_LEGEND)]))
     d = d.with_panel(_timeseries(
         "Non-finite draft-input values", "NaN/Inf values per second in each slot's draft input.", "cps",
-        [_target(q.rate("hs_tracer_slot_nonfinite_values_total", f"{q.PER_RANK}, slot"), SLOT_LEGEND)],
+        [_target(q.rate(q.total(m.SLOT_NONFINITE), f"{q.PER_RANK}, slot"), SLOT_LEGEND)],
         min_val=0))
     return d
 
@@ -239,13 +240,13 @@ def _wiring_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
                      "captured layer ids (SGLang's convention), the ids in the draft config, canonical "
                      "source per slot, expected width K*H vs the draft fc input width.")
         .datasource(PROM).unit("none").span(24).height(6)
-        .with_target(_target(f"{q.sel('hs_tracer_wiring_info')} == 1", instant=True,
+        .with_target(_target(f"{q.sel(m.WIRING_INFO)} == 1", instant=True,
                              fmt=prom_m.PromQueryFormat.TABLE))
         .with_transformation(_organize(["Time", "Value", "__name__", "job"], {})))
     d = d.with_panel(_timeseries(
         "Draft input width", "Columns of the draft's input features in the last verify step: K*H with "
         "aux hidden states, H without (compare with expected_width in the wiring table).", "none",
-        [_target(f"max by ({q.PER_RANK}) ({q.sel('hs_tracer_draft_input_width')})", ACCEPT_LEGEND)],
+        [_target(f"max by ({q.PER_RANK}) ({q.sel(m.DRAFT_INPUT_WIDTH)})", ACCEPT_LEGEND)],
         step=True))
     return d
 
@@ -258,14 +259,14 @@ def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
                      "wiring findings are raised once at startup. docs/runbook.md explains each.")
         .datasource(PROM).unit("none").decimals(0).span(12).height(8)
         .with_target(_target(f"sum by (model, instance, code, severity) "
-                             f"({q.sel('hs_tracer_findings_total')}) > 0", instant=True,
+                             f"({q.sel(q.total(m.FINDINGS))}) > 0", instant=True,
                              fmt=prom_m.PromQueryFormat.TABLE))
         .with_transformation(_organize(["Time"], {"Value": "count"})))
     d = d.with_panel(_timeseries(
         "Findings over time", "Findings raised since each process started, by code and severity; a "
         "step up is a new finding. (Cumulative on purpose: findings raised at startup, before the first "
         "scrape, would be invisible to increase().)", "short",
-        [_target(f"sum by (model, code, severity) ({q.sel('hs_tracer_findings_total')})",
+        [_target(f"sum by (model, code, severity) ({q.sel(q.total(m.FINDINGS))})",
                  "{{model}} {{severity}} {{code}}")], min_val=0, step=True))
     return d
 
@@ -275,36 +276,36 @@ def _health_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_panel(_timeseries(
         "Tracer enabled", "1 while tracing is on in the process; 0 after hs_tracer switched itself off "
         "on an internal error (serving continues; runbook: HsTracerDisabled).", "bool_on_off",
-        [_target(f"min by ({q.PER_RANK}) ({q.sel('hs_tracer_enabled')})", ACCEPT_LEGEND)],
+        [_target(f"min by ({q.PER_RANK}) ({q.sel(m.ENABLED)})", ACCEPT_LEGEND)],
         span=8, min_val=0, max_val=1, step=True))
     d = d.with_panel(_timeseries(
         "Dropped records, hook errors, dropped spans", "Per second: step records dropped on a full "
         "recorder queue, exceptions caught in hooks, spans dropped by the exporter.", "cps",
-        [_target(q.rate("hs_tracer_records_dropped_total", "model, instance"),
+        [_target(q.rate(q.total(m.RECORDS_DROPPED), "model, instance"),
                  "{{model}} {{instance}} records dropped", "A"),
-         _target(q.rate("hs_tracer_hook_errors_total", "model, instance"),
+         _target(q.rate(q.total(m.HOOK_ERRORS), "model, instance"),
                  "{{model}} {{instance}} hook errors", "B"),
-         _target(q.rate("hs_tracer_spans_dropped_total", "model, instance"),
+         _target(q.rate(q.total(m.SPANS_DROPPED), "model, instance"),
                  "{{model}} {{instance}} spans dropped", "C")], span=8, min_val=0))
     d = d.with_panel(_timeseries(
         "Time since last exported step", "Seconds since the newest verify step hs_tracer exported. A "
         "growing value with traffic flowing means the producer stopped, not that all is well.", "s",
-        [_target(f"time() - max by ({q.PER_RANK}) ({q.sel('hs_tracer_last_step_timestamp_seconds')})",
+        [_target(f"time() - max by ({q.PER_RANK}) ({q.sel(m.LAST_STEP_TIMESTAMP)})",
                  ACCEPT_LEGEND)], span=8, min_val=0))
     d = d.with_panel(_timeseries(
         "Host overhead per verify step", "Host (CPU) time hs_tracer's per-step hooks add to the "
         "scheduler thread: p50, p99 and mean per verify pass.", "s",
-        [_target(f"histogram_quantile(0.5, {q.rate('hs_tracer_host_overhead_seconds_bucket', 'model, le')})",
+        [_target(f"histogram_quantile(0.5, {q.rate(q.bucket(m.HOST_OVERHEAD), 'model, le')})",
                  "{{model}} p50", "A"),
-         _target(f"histogram_quantile(0.99, {q.rate('hs_tracer_host_overhead_seconds_bucket', 'model, le')})",
+         _target(f"histogram_quantile(0.99, {q.rate(q.bucket(m.HOST_OVERHEAD), 'model, le')})",
                  "{{model}} p99", "B"),
-         _target(f"{q.rate('hs_tracer_host_overhead_seconds_sum', 'model')}\n"
-                 f"  / {q.rate('hs_tracer_host_overhead_seconds_count', 'model')}", "{{model}} mean", "C")],
+         _target(f"{q.rate(q.sum_of(m.HOST_OVERHEAD), 'model')}\n"
+                 f"  / {q.rate(q.count_of(m.HOST_OVERHEAD), 'model')}", "{{model}} mean", "C")],
         min_val=0))
     d = d.with_panel(_timeseries(
         "Scheduler time spent in hs_tracer", "Share of the scheduler thread's wall time spent in "
         "hs_tracer's per-step hooks (hook seconds per second).", "percentunit",
-        [_target(q.rate("hs_tracer_host_overhead_seconds_sum", "model, instance"),
+        [_target(q.rate(q.sum_of(m.HOST_OVERHEAD), "model, instance"),
                  "{{model}} {{instance}}")], min_val=0))
     return d
 
@@ -328,10 +329,10 @@ def build() -> dash_b.Dashboard:
          .with_variable(dash_b.DatasourceVariable(PROM_VAR).label("Prometheus data source")
                         .type("prometheus"))
          .with_variable(dash_b.DatasourceVariable(TRACES_VAR).label("Tempo data source").type("tempo"))
-         .with_variable(_query_variable("job", "label_values(hs_tracer_enabled, job)"))
-         .with_variable(_query_variable("instance", 'label_values(hs_tracer_enabled{job=~"$job"}, instance)'))
+         .with_variable(_query_variable("job", f"label_values({m.ENABLED}, job)"))
+         .with_variable(_query_variable("instance", f'label_values({m.ENABLED}{{job=~"$job"}}, instance)'))
          .with_variable(_query_variable(
-             "model", 'label_values(hs_tracer_enabled{job=~"$job", instance=~"$instance"}, model)'))
+             "model", f'label_values({m.ENABLED}{{job=~"$job", instance=~"$instance"}}, model)'))
          .link(dash_b.DashboardLink("Sampled verify-step traces (Tempo)")
                .type(dash_m.DashboardLinkType.LINK).icon("external link").target_blank(True)
                .tooltip(f"Explore {SPAN_NAME} spans of the selected time range")

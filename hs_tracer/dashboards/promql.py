@@ -1,11 +1,13 @@
 """PromQL building blocks shared by the dashboard and the alert rules.
 
-Only metrics documented in docs/metrics.md are used (the exporter in
-:mod:`hs_tracer.export.prometheus` defines them). Acceptance is always computed as "sum rates first,
+Metric names come from the exporter (:mod:`hs_tracer.export.prometheus`), where each is defined once;
+docs/metrics.md documents them. Acceptance is always computed as "sum rates first,
 then divide", never as an average of ratios, so the figures are exact across ranks and windows.
 """
 
 from __future__ import annotations
+
+from hs_tracer.export import prometheus as m
 
 RANKS = "tp_rank, pp_rank, dp_rank"
 """Rank labels every hs_tracer series carries."""
@@ -22,6 +24,26 @@ FULL_REJECTION = 'le="1.0"'
 """The accept-length bucket of full rejections (prometheus_client writes bucket bounds as floats)."""
 
 
+def total(name: str) -> str:
+    """A counter's series (prometheus_client appends ``_total``)."""
+    return f"{name}_total"
+
+
+def bucket(name: str) -> str:
+    """A histogram's bucket series."""
+    return f"{name}_bucket"
+
+
+def sum_of(name: str) -> str:
+    """A histogram's sum series."""
+    return f"{name}_sum"
+
+
+def count_of(name: str) -> str:
+    """A histogram's count series."""
+    return f"{name}_count"
+
+
 def sel(metric: str, extra: str = "", selector: str = DASHBOARD_SELECTOR) -> str:
     """``metric{selector, extra}``."""
     inner = ", ".join(part for part in (selector, extra) if part)
@@ -36,25 +58,25 @@ def rate(metric: str, by: str, window: str = RATE_WINDOW, extra: str = "",
 
 def acceptance_rate(by: str, window: str = RATE_WINDOW, selector: str = DASHBOARD_SELECTOR) -> str:
     """Accepted / proposed draft tokens."""
-    return (f"{rate('hs_tracer_accepted_tokens_total', by, window, selector=selector)}\n"
-            f"  / {rate('hs_tracer_draft_tokens_total', by, window, selector=selector)}")
+    return (f"{rate(total(m.ACCEPTED_TOKENS), by, window, selector=selector)}\n"
+            f"  / {rate(total(m.DRAFT_TOKENS), by, window, selector=selector)}")
 
 
 def mean_accept_length(by: str, window: str = RATE_WINDOW, selector: str = DASHBOARD_SELECTOR) -> str:
     """Tokens per request per verify pass, the bonus token included: 1 + accepted / drafts."""
-    return (f"1 + {rate('hs_tracer_accepted_tokens_total', by, window, selector=selector)}\n"
-            f"  / {rate('hs_tracer_drafts_total', by, window, selector=selector)}")
+    return (f"1 + {rate(total(m.ACCEPTED_TOKENS), by, window, selector=selector)}\n"
+            f"  / {rate(total(m.DRAFTS), by, window, selector=selector)}")
 
 
 def per_position_rate(by: str, window: str = RATE_WINDOW, selector: str = DASHBOARD_SELECTOR) -> str:
     """Share of request-steps whose draft position ``position`` was accepted (unconditional)."""
-    accepted = rate("hs_tracer_accepted_tokens_per_position_total", f"{by}, position", window,
+    accepted = rate(total(m.ACCEPTED_PER_POSITION), f"{by}, position", window,
                     selector=selector)
     return (f"{accepted}\n  / ignoring(position) group_left\n"
-            f"    {rate('hs_tracer_drafts_total', by, window, selector=selector)}")
+            f"    {rate(total(m.DRAFTS), by, window, selector=selector)}")
 
 
 def full_rejection_share(by: str, window: str = RATE_WINDOW, selector: str = DASHBOARD_SELECTOR) -> str:
     """Share of request-steps whose accept length is 1 (every draft token rejected)."""
-    return (f"{rate('hs_tracer_accept_length_bucket', by, window, FULL_REJECTION, selector)}\n"
-            f"  / {rate('hs_tracer_accept_length_count', by, window, selector=selector)}")
+    return (f"{rate(bucket(m.ACCEPT_LENGTH), by, window, FULL_REJECTION, selector)}\n"
+            f"  / {rate(count_of(m.ACCEPT_LENGTH), by, window, selector=selector)}")

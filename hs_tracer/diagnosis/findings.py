@@ -40,6 +40,11 @@ class Code(str, enum.Enum):
     INSUFFICIENT_DATA = "insufficient_data"  # info: too few tokens (or no profile) to decide yet
 
 
+NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)
+"""Critical codes that judge something other than the wiring (the features drifted, acceptance
+fell): a report with only these is ``drift``, not ``miswired``, and they have alerts of their own."""
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem, named in canonical terms, with the fix a user should apply."""
@@ -110,7 +115,7 @@ class Report:
     @property
     def status(self) -> str:
         codes = {f.code for f in self.findings if f.severity is Severity.CRITICAL}
-        wiring = codes - {Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP}
+        wiring = codes - set(NOT_WIRING)
         if wiring:
             return "miswired"
         if codes or any(f.code is Code.FEATURE_DRIFT for f in self.findings):

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hs_tracer.config import TracerConfig
 from hs_tracer.diagnosis.findings import Finding, SlotVerdict
 from hs_tracer.fingerprint.stats import StepDigest
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
@@ -41,6 +42,30 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger("hs_tracer")
+
+# Metric names, each defined here once: the dashboards, alert rules and PromQL import them.
+# prometheus_client adds `_total` to counters and `_bucket`/`_sum`/`_count` to histograms.
+VERIFY_STEPS = "hs_tracer_verify_steps"
+DRAFTS = "hs_tracer_drafts"
+DRAFT_TOKENS = "hs_tracer_draft_tokens"
+ACCEPTED_TOKENS = "hs_tracer_accepted_tokens"
+ACCEPTED_PER_POSITION = "hs_tracer_accepted_tokens_per_position"
+ACCEPT_LENGTH = "hs_tracer_accept_length"
+SLOT_MATCH_SCORE = "hs_tracer_slot_match_score"
+SLOT_MISMATCH = "hs_tracer_slot_mismatch"
+SLOT_MATCH_MARGIN = "hs_tracer_slot_match_margin"
+SLOT_DRIFT_SCORE = "hs_tracer_slot_drift_score"
+SLOT_RMS = "hs_tracer_slot_rms"
+SLOT_NONFINITE = "hs_tracer_slot_nonfinite_values"
+DRAFT_INPUT_WIDTH = "hs_tracer_draft_input_width"
+LAST_STEP_TIMESTAMP = "hs_tracer_last_step_timestamp_seconds"
+WIRING_INFO = "hs_tracer_wiring_info"
+FINDINGS = "hs_tracer_findings"
+RECORDS_DROPPED = "hs_tracer_records_dropped"
+HOOK_ERRORS = "hs_tracer_hook_errors"
+SPANS_DROPPED = "hs_tracer_spans_dropped"
+ENABLED = "hs_tracer_enabled"
+HOST_OVERHEAD = "hs_tracer_host_overhead_seconds"
 
 DEFAULT_BASE_PORT = 9464
 """Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
@@ -104,61 +129,61 @@ class _Metrics:
 
         # --- acceptance (counters: aggregate with rate() and sum across ranks) -------------------
         self.verify_steps = Counter(
-            "hs_tracer_verify_steps", "Batched verify passes seen (one per scheduler step with "
+            VERIFY_STEPS, "Batched verify passes seen (one per scheduler step with "
             "speculation, whatever the batch size).", base, **kw)
         self.drafts = Counter(
-            "hs_tracer_drafts", "Request-level verifications: one per request per verify step "
+            DRAFTS, "Request-level verifications: one per request per verify step "
             "(vLLM's num_drafts). Mean accept length = 1 + accepted_tokens / drafts.", base, **kw)
         self.draft_tokens = Counter(
-            "hs_tracer_draft_tokens", "Draft tokens proposed: per request per verify step, SGLang's "
+            DRAFT_TOKENS, "Draft tokens proposed: per request per verify step, SGLang's "
             "speculative_num_draft_tokens - 1 (as SGLang's own spec_accept_rate counts them).",
             base, **kw)
         self.accepted_tokens = Counter(
-            "hs_tracer_accepted_tokens", "Draft tokens accepted (the bonus token excluded): "
+            ACCEPTED_TOKENS, "Draft tokens accepted (the bonus token excluded): "
             "accept_length - 1 per request per verify step.", base, **kw)
         self.accepted_per_position = Counter(
-            "hs_tracer_accepted_tokens_per_position", "Accepted draft tokens at draft position "
+            ACCEPTED_PER_POSITION, "Accepted draft tokens at draft position "
             "`position` (0-based): position i counts a request-step when accept_length - 1 > i. "
             "Divided by drafts it is the unconditional per-position acceptance rate.",
             (*base, "position"), **kw)
         self.accept_length = Histogram(
-            "hs_tracer_accept_length", "Accept length per request per verify step, in tokens, the "
+            ACCEPT_LENGTH, "Accept length per request per verify step, in tokens, the "
             "bonus token included (1 = every draft token rejected).", base,
             buckets=ACCEPT_LENGTH_BUCKETS, **kw)
 
         # --- per-slot features of the draft input ------------------------------------------------
         self.slot_match_score = Gauge(
-            "hs_tracer_slot_match_score", "Similarity (0..1) of the slot's live features to the "
+            SLOT_MATCH_SCORE, "Similarity (0..1) of the slot's live features to the "
             "reference profile of `observed_source`, the best-matching canonical source; "
             "`expected_source` is what the draft was trained on. A superseded observed_source series "
             "is set to NaN (series cannot be removed in multiprocess mode).",
             (*base, "slot", "expected_source", "observed_source"), **gauge_kw)
         self.slot_mismatch = Gauge(
-            "hs_tracer_slot_mismatch", "1 if the slot's observed source differs from the source the "
+            SLOT_MISMATCH, "1 if the slot's observed source differs from the source the "
             "draft was trained on (a wiring mismatch), else 0.", (*base, "slot"), **gauge_kw)
         self.slot_match_margin = Gauge(
-            "hs_tracer_slot_match_margin", "Score gap between the best and the second-best matching "
+            SLOT_MATCH_MARGIN, "Score gap between the best and the second-best matching "
             "source of the slot (how sure the identification is).", (*base, "slot"), **gauge_kw)
         self.slot_drift = Gauge(
-            "hs_tracer_slot_drift_score", "Drift of the slot's live per-channel feature statistics "
+            SLOT_DRIFT_SCORE, "Drift of the slot's live per-channel feature statistics "
             "from the reference profile of its expected source over the last diagnosis window "
             "(0 = identical; see docs/metrics.md for the scale).", (*base, "slot"), **gauge_kw)
         self.slot_rms = Gauge(
-            "hs_tracer_slot_rms", "RMS of the slot's finite draft-input values in the last verify "
+            SLOT_RMS, "RMS of the slot's finite draft-input values in the last verify "
             "step seen (unitless, hidden-state scale).", (*base, "slot"), **gauge_kw)
         self.slot_nonfinite = Counter(
-            "hs_tracer_slot_nonfinite_values", "Non-finite (NaN/Inf) values seen in the slot's draft "
+            SLOT_NONFINITE, "Non-finite (NaN/Inf) values seen in the slot's draft "
             "input.", (*base, "slot"), **kw)
         self.input_width = Gauge(
-            "hs_tracer_draft_input_width", "Width (columns) of the draft's input features in the "
+            DRAFT_INPUT_WIDTH, "Width (columns) of the draft's input features in the "
             "last verify step: K*H with aux hidden states, H without.", base, **gauge_kw)
         self.last_step_time = Gauge(
-            "hs_tracer_last_step_timestamp_seconds", "Unix time of the last verify step exported; "
+            LAST_STEP_TIMESTAMP, "Unix time of the last verify step exported; "
             "a stale value means the producer stopped, not that all is well.", base, **gauge_kw)
 
         # --- wiring (static, read at startup) ----------------------------------------------------
         self.wiring_info = Gauge(
-            "hs_tracer_wiring_info", "Wiring of target hidden states into the draft as read at "
+            WIRING_INFO, "Wiring of target hidden states into the draft as read at "
             "startup; value 1 for the current wiring, 0 for a superseded one. Lists are "
             "comma-separated in slot order.",
             (*base, "target_arch", "num_layers", "hidden_size", "layers_to_capture",
@@ -167,24 +192,24 @@ class _Metrics:
 
         # --- findings ------------------------------------------------------------------------------
         self.findings = Counter(
-            "hs_tracer_findings", "Findings raised, by stable finding code and severity.",
+            FINDINGS, "Findings raised, by stable finding code and severity.",
             (*base, "code", "severity"), **kw)
 
         # --- tracer health -------------------------------------------------------------------------
         self.records_dropped = Counter(
-            "hs_tracer_records_dropped", "Step records dropped because the recorder queue was full "
+            RECORDS_DROPPED, "Step records dropped because the recorder queue was full "
             "(the scheduler never waits on hs_tracer).", base, **kw)
         self.hook_errors = Counter(
-            "hs_tracer_hook_errors", "Exceptions caught inside hs_tracer hooks (each switches "
+            HOOK_ERRORS, "Exceptions caught inside hs_tracer hooks (each switches "
             "tracing off; serving continues).", base, **kw)
         self.spans_dropped = Counter(
-            "hs_tracer_spans_dropped", "hs_tracer step spans dropped: export queue full or the "
+            SPANS_DROPPED, "hs_tracer step spans dropped: export queue full or the "
             "collector unreachable/slow.", base, **kw)
         self.enabled = Gauge(
-            "hs_tracer_enabled", "1 while tracing is on in this scheduler, 0 after it switched itself "
+            ENABLED, "1 while tracing is on in this scheduler, 0 after it switched itself "
             "off.", base, **gauge_kw)
         self.host_overhead = Histogram(
-            "hs_tracer_host_overhead_seconds", "Host (CPU) time the per-step hooks added to the "
+            HOST_OVERHEAD, "Host (CPU) time the per-step hooks added to the "
             "scheduler thread, per verify step, in seconds.", base, buckets=OVERHEAD_BUCKETS, **kw)
 
 
@@ -193,12 +218,14 @@ class PrometheusExporter:
 
     ``port``: where to serve ``/metrics`` when SGLang's multiprocess registry is not in use
     (``None``: :func:`metrics_port_for` the ranks; ``0``: a free port, see :attr:`port`).
+    ``addr``: the address that server binds to (``HS_TRACER_METRICS_ADDR``).
     ``serve=False`` never starts a server (metrics still readable from :attr:`registry`).
     ``flush_interval_s``: how often summed steps reach the metrics (0: every step).
     One instance per process: in multiprocess mode two would overwrite each other's files.
     """
 
-    def __init__(self, model: str, ranks: Ranks, *, port: int | None = None, serve: bool = True,
+    def __init__(self, model: str, ranks: Ranks, *, port: int | None = None,
+                 addr: str = TracerConfig.metrics_addr, serve: bool = True,
                  flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S) -> None:
         from prometheus_client import CollectorRegistry
 
@@ -238,7 +265,7 @@ class PrometheusExporter:
         self._slot_series: dict[int, tuple[str, str]] = {}
 
         if serve and not self.multiprocess:
-            self._start_server(metrics_port_for(ranks) if port is None else port)
+            self._start_server(metrics_port_for(ranks) if port is None else port, addr)
         # Pushes summed steps out when the recorder goes quiet, so the last steps always show.
         self._closed = threading.Event()
         if 0 < flush_interval_s < threading.TIMEOUT_MAX:
@@ -247,10 +274,9 @@ class PrometheusExporter:
 
     # --- serving ------------------------------------------------------------------------------------
 
-    def _start_server(self, port: int) -> None:
+    def _start_server(self, port: int, addr: str) -> None:
         from prometheus_client import start_http_server
 
-        addr = os.environ.get("HS_TRACER_METRICS_ADDR", "0.0.0.0")
         try:
             server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:

@@ -119,7 +119,8 @@ class Recorder(threading.Thread):
 
             self.profile = Profile.load(st.config.profile)
         self._prom = PrometheusExporter(wiring.model, st.ranks,
-                                        port=metrics_port_for(st.ranks, st.config.metrics_port))
+                                        port=metrics_port_for(st.ranks, st.config.metrics_port),
+                                        addr=st.config.metrics_addr)
         self._prom.record_wiring(wiring)
         for f in st.static_findings:
             self._prom.record_finding(f)

@@ -9,7 +9,7 @@ StepRecord, the bounded queue) and excludes the GPU work; the kernel's launch an
 in benchmarks/results/fingerprint_gpu.* and step_overhead_gpu.*. Batch: 32 requests, 4 draft tokens.
 
 Run from the repository root:  .venv/bin/python benchmarks/hook_overhead.py [--steps N]
-Target (issue "SGLang integration"): median <= 25 us per step.
+Target: median <= 25 us per step.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each command module defines ``add_parser(subparsers)`` and sets ``func`` on its parser; the module
 must import only the standard library at top level so ``hs-tracer --help`` stays instant. Exit
-status (DESIGN §5.3): 0 healthy, 1 critical findings, 2 usage or input errors.
+status (docs/interfaces.md): 0 healthy, 1 critical findings, 2 usage or input errors.
 """
 
 from __future__ import annotations

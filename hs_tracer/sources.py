@@ -1,14 +1,13 @@
 """Canonical feature sources and every layer-id convention in use: the one home for "which layer is id k".
 
 A slot of an EAGLE-3 draft input carries one residual-stream state of the target. hs_tracer names it
-canonically (shared DESIGN §5.1):
+canonically (docs/glossary.md):
 
 * ``embedding``  - output of the token embedding (the input of decoder layer 0);
 * ``block:<j>``  - residual stream after decoder block ``j`` (0-indexed), before the final norm;
 * ``final_norm`` - after the final norm (what the LM head reads).
 
-Tools spell the same tensor differently (reference ``eagle3-training-formats.md`` §0 and
-``sglang-0.5.23-internals.md`` §3.2). Two base conventions exist:
+Tools spell the same tensor differently. Two base conventions exist:
 
 * **C_in**  - id ``k`` is the *input* of decoder layer ``k`` = output of block ``k-1``; ``0`` is the
   embedding and ``N`` the output of the last block (pre-norm). SGLang's internal ``layers_to_capture``,
@@ -33,7 +32,7 @@ from typing import Any
 
 EMBEDDING = "embedding"
 FINAL_NORM = "final_norm"
-UNKNOWN = "unknown"  # an observed source that nothing in the profile matches (DESIGN §5.4)
+UNKNOWN = "unknown"  # an observed source that nothing in the profile matches
 
 _BLOCK_RE = re.compile(r"^block:(\d+)$")
 

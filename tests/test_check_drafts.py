@@ -3,9 +3,9 @@
 SpecForge / SGLang drafts: ``LlamaConfig`` (+ ``draft_vocab_size``, optional ``eagle_config``) saved
 with ``save_pretrained``; ``model.safetensors`` via ``safetensors.torch.save_file`` with keys
 ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t`` (int64 diffs), ``t2d``
-(bool) and no embedding (eagle3-training-formats §1.2-1.4). speculators: ``Eagle3Speculator`` config
+(bool) and no embedding. speculators: ``Eagle3Speculator`` config
 with ``transformer_layer_config`` and top-level ids, keys ``layers.0.*`` plus ``embed_tokens.weight``
-(§2.2-2.3). Original EAGLE: ``architectures: ["LlamaForCausalLM"]`` (§3).
+Original EAGLE: ``architectures: ["LlamaForCausalLM"]``.
 
 The tests in this file pin the builders themselves: a clean SpecForge draft passes every check.
 """

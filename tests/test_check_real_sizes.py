@@ -2,7 +2,7 @@
 
 Config: SpecForge's ``configs/kimi-k2-eagle3.json`` (ids ``[2, 30, 58]``, hidden 7168, draft vocab
 32000); target: Kimi-K2 (``DeepseekV3ForCausalLM``, 61 layers, hidden 7168, vocab 163840). This is the
-hazard of reference eagle3-training-formats §5: SpecForge's training capture (+1 always) fed blocks
+Kimi hazard: SpecForge's training capture (+1 always) fed blocks
 2, 30, 58; SGLang 0.5.23 on a DeepSeek target takes ``[2, 30, 58]`` as-is and feeds blocks 1, 29, 57.
 """
 

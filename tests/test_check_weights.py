@@ -208,7 +208,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_kimi_mla_draft(tmp_path: Path) -> None:
-    """The Kimi MLA draft class: clean passes; no lm_head (F18) and a lone q_a/kv_a half are caught."""
+    """The Kimi MLA draft class: clean passes; no lm_head and a lone q_a/kv_a half are caught."""
     from test_check_drafts import mla_draft, mla_state
 
     target = target_config(tmp_path / "t", arch="KimiK25ForConditionalGeneration")

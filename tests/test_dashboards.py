@@ -1,6 +1,6 @@
 """The Grafana dashboard as code: the committed files are exactly what the code renders, the
 dashboard passes the dashboard-linter rules (and the lint really catches each violation), every query
-parses with Prometheus' own parser, it shows what issue 8 asks for, links to the step traces, and
+parses with Prometheus' own parser, it shows what an operator needs, links to the step traces, and
 ``hs-tracer dashboards build|push`` behave."""
 
 from __future__ import annotations

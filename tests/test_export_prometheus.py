@@ -45,7 +45,7 @@ def wiring() -> WiringRecord:
 
 
 def expected(records: list[StepRecord]) -> dict[str, object]:
-    """Acceptance figures straight from the records (the definitions of DESIGN §5.4 / vLLM)."""
+    """Acceptance figures straight from the records (the definitions of docs/metrics.md, as vLLM's)."""
     lengths = [a for r in records for a in r.accept_lengths]
     drafts = len(lengths)
     accepted = sum(a - 1 for a in lengths)

@@ -1,5 +1,5 @@
-"""Layer-id conventions, case by case from the reference tables (eagle3-training-formats.md §0, §2, §5,
-§6 and sglang-0.5.23-internals.md §3.2), plus the real SGLang 0.5.23 family rules."""
+"""Layer-id conventions, case by case from the tools' own code (SpecForge, speculators, vLLM, SGLang
+0.5.23's per-family capture rule), plus the real SGLang 0.5.23 family rules."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_convention_parse_names_the_choices() -> None:
         Convention.parse("c_out")
 
 
-# --- §0: the two default triples select the same tensors ------------------------------------------------
+# --- the two default triples select the same tensors ------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_hf_hidden_states_index() -> None:
         from_sources([FINAL_NORM], "vllm", n)
 
 
-# --- sglang-0.5.23-internals.md §3.2 table (L = 61) ---------------------------------------------------------
+# --- SGLang 0.5.23's capture rule per family (L = 61) -------------------------------------------------
 
 L = 61
 
@@ -143,19 +143,19 @@ def test_deepseek_unmatched_id_fails_at_forward_llama_drops_silently() -> None:
 def test_sglang_slot_order_is_ascending_and_duplicates_capture_once() -> None:
     cap = sglang_capture([58, 2, 30], L, Family.LLAMA)
     assert cap.sources == blocks(1, 29, 57)
-    dup = sglang_capture([2, 2, 3], L, Family.DEEPSEEK)  # F24: [1,1,1]-style degenerate lists
+    dup = sglang_capture([2, 2, 3], L, Family.DEEPSEEK)  # [1,1,1]-style degenerate lists
     assert dup.sources == blocks(1, 2) and dup.duplicates == [2] and dup.fails_at_forward
 
 
 def test_gpt_oss_boundary_ids() -> None:
     n = 36
-    # nvidia/gpt-oss-120b-Eagle3-v3 [24,30,36] (F4): kept as-is, 36 = captured at the final norm (pre-norm)
+    # nvidia/gpt-oss-120b-Eagle3-v3 [24,30,36]: kept as-is, 36 = captured at the final norm (pre-norm)
     assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n) == [24, 30, 36]
     assert to_sources([24, 30, 36], "sglang_draft_config", n, family="gpt_oss") == blocks(23, 29, 35)
     # SpecForge gpt-oss-120B config [1,17,33]: the legacy +1
     assert sglang_layers_to_capture([1, 17, 33], Family.GPT_OSS, n) == [2, 18, 34]
     assert to_sources([1, 17, 33], "sglang_draft_config", n, family="gpt_oss") == blocks(1, 17, 33)
-    # the same boundary ids on a Llama-family target: +1 pushes 36 -> 37, never captured (F4 before the fix)
+    # the same boundary ids on a Llama-family target: +1 pushes 36 -> 37, never captured (before the fix)
     assert sglang_sources([24, 30, 36], Family.LLAMA, n).unreachable == [37]
 
 
@@ -185,7 +185,7 @@ def test_family_of(arch: str | None, family: Family) -> None:
     assert family_of(arch) is family
 
 
-# --- Kimi-K2.5: delegation to the DeepSeek rule, layer count from text_config (§3.3, §5) ---
+# --- Kimi-K2.5: delegation to the DeepSeek rule, layer count from text_config ---
 
 
 def test_kimi_k25_hazard() -> None:
@@ -200,16 +200,16 @@ def test_kimi_k25_hazard() -> None:
     assert text_config({"num_hidden_layers": 4}) == {"num_hidden_layers": 4}
 
 
-# --- §2/§6 cases: vLLM / speculators ----------------------------------------------------------------------
+# --- vLLM / speculators cases ----------------------------------------------------------------------
 
 
 def test_speculators_extraction_list_and_vllm_heuristic() -> None:
     n = 32
     # launch_vllm.py extracts [2, N//2, N-3, N]: the last one is the verifier's pre-norm last hidden state
     assert to_sources([2, 16, 29, 32], "speculators", n) == blocks(1, 15, 28, 31)
-    # F2: Llama-3.3-70B (80 layers) heuristic (2,40,77) in vLLM
+    # Llama-3.3-70B (80 layers) heuristic (2,40,77) in vLLM
     assert to_sources([2, 40, 77], "vllm", 80) == blocks(1, 39, 76)
-    # F29: SpecForge C_out [1,46,90] copied to a top-level (C_in) field is one block early in vLLM
+    # SpecForge C_out [1,46,90] copied to a top-level (C_in) field is one block early in vLLM
     assert to_sources([1, 46, 90], "vllm", 94) == blocks(0, 45, 89)
     assert to_sources([1, 46, 90], "specforge", 94) == blocks(1, 46, 90)
 

@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sglang-resolve", action="store_true",
                    help="resolve the speculative args with the installed SGLang's own pipeline (CPU, "
                         "~30 s) instead of hs_tracer's mirror of it")
-    p.add_argument("--json", action="store_true", help="print the DESIGN §5.4 JSON (plus a 'preflight' key)")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (docs/interfaces.md; plus a 'preflight' key)")
     p.set_defaults(func=run)
 
 

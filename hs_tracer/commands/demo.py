@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    f"{', '.join(DEFAULT_SCENARIOS)})")
     p.add_argument("--prompts", type=int, default=16, help="number of prompts (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--json", action="store_true", help="print the diagnoses as JSON (DESIGN §5.4 keys)")
+    p.add_argument("--json", action="store_true",
+                   help="print the diagnoses as JSON (the report keys of docs/interfaces.md)")
     p.set_defaults(func=run)
 
 

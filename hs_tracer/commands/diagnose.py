@@ -2,7 +2,7 @@
 
 LIVE is an hs_tracer capture directory or any dump a profile reader accepts (SpecForge, speculators),
 so the same command answers "is this dataset wired like the one the draft was trained on?".
-Exit status (DESIGN §5.3): 0 healthy, 1 critical findings, 2 usage or input errors.
+Exit status (docs/interfaces.md): 0 healthy, 1 critical findings, 2 usage or input errors.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "live", type=Path, metavar="LIVE", help="hs_tracer capture dir, SpecForge or speculators dir"
     )
     p.add_argument("--profile", type=Path, required=True, help="reference profile (hs-tracer profile build)")
-    p.add_argument("--json", action="store_true", help="print the DESIGN §5.4 JSON")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (docs/interfaces.md)")
     p.add_argument("--min-tokens", type=int, default=None, help="tokens needed before deciding (default 256)")
     p.add_argument("--match-safety", type=float, default=None, help="t_match multiplier (default 1.5)")
     p.add_argument("--rho-min", type=float, default=None, help="minimum decisive ratio (default 1.25)")

@@ -2,7 +2,7 @@
 
 The standalone drafter test: next-token top-1 agreement of the draft on the features it gets live
 vs on its training features, the rewirings of the live features that restore training level, and
-the fix in canonical sources and ``eagle_config`` ids. Exit status (DESIGN §5.3): 0 healthy (or not
+the fix in canonical sources and ``eagle_config`` ids. Exit status (docs/interfaces.md): 0 healthy (or not
 decidable), 1 miswired, 2 usage or input errors.
 """
 

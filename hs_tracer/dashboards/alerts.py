@@ -18,7 +18,7 @@ from hs_tracer.export import prometheus as m
 
 AL_FLOOR = 1.25
 """Mean accept length below which a draft is useless: a miswired draft sits at 1.0-1.1, a correct but
-modest one (too little training data, catalogue F25) at 1.6-2.7."""
+modest one (too little training data) at 1.6-2.7."""
 
 DROP_FACTOR = 0.7
 """The acceptance-drop rule fires below this fraction of the trailing baseline (a 30% drop)."""

@@ -1,4 +1,4 @@
-"""Findings and the diagnosis report: the stable JSON of shared DESIGN §5.4.
+"""Findings and the diagnosis report: the stable JSON documented in docs/interfaces.md.
 
 Every part of hs_tracer that judges something (preflight ``check``, live ``diagnose``, the online
 recorder) speaks in :class:`Finding` objects and reports through :class:`Report`, so the JSON, the
@@ -22,7 +22,7 @@ class Severity(str, enum.Enum):
 
 
 class Code(str, enum.Enum):
-    """Stable finding codes (DESIGN §5.4). Add new ones at the end; never rename."""
+    """Stable finding codes (docs/interfaces.md). Add new ones at the end; never rename."""
 
     DRAFT_INPUT_WIDTH_MISMATCH = "draft_input_width_mismatch"
     SLOT_SOURCE_MISMATCH = "slot_source_mismatch"
@@ -126,7 +126,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """DESIGN §5.3: 0 healthy, 1 critical findings (2 is for usage errors, raised elsewhere)."""
+        """Exit status: 0 healthy, 1 critical findings (2 is for usage errors, raised elsewhere)."""
         return 1 if any(f.severity is Severity.CRITICAL for f in self.findings) else 0
 
     def to_json(self) -> dict[str, Any]:
@@ -136,6 +136,20 @@ class Report:
             "acceptance": self.acceptance.to_json() if self.acceptance else None,
             "findings": [f.to_json() for f in self.findings],
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Report:
+        """The inverse of :meth:`to_json`, e.g. for a report a scheduler wrote (``status`` is derived
+        again from the findings, not read)."""
+        acceptance = d.get("acceptance")
+        return cls(
+            slots=[SlotVerdict(**s) for s in d.get("slots", [])],
+            acceptance=Acceptance(**acceptance) if acceptance else None,
+            findings=[Finding(code=Code(f["code"]), severity=Severity(f["severity"]), message=f["message"],
+                              fix=f.get("fix", ""), slot=f.get("slot"), expected=f.get("expected"),
+                              observed=f.get("observed"), details=f.get("details", {}))
+                      for f in d.get("findings", [])],
+        )
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)

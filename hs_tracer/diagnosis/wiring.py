@@ -4,7 +4,7 @@ The same functions serve the preflight ``hs-tracer check`` (wiring read from fil
 plugin at engine startup (wiring read from the live engine, :class:`~hs_tracer.records.WiringRecord`,
 through :func:`wiring_from_record`). Layer-id conventions come from :mod:`hs_tracer.sources` only.
 
-Facts (reference sglang-0.5.23-internals §1.7, §3.2, §3.4, §4): SGLang 0.5.23 reads the draft's
+Facts about SGLang 0.5.23 (its source, read for these checks): it reads the draft's
 layer ids only from the nested ``eagle_config`` dict (a bare ``except`` falls back to the default
 ``[2, N//2, N-3]`` for anything else), turns them into ``layers_to_capture`` by a per-family rule,
 captures each reachable layer once in ascending order, and feeds the draft ``len(captured) x H``
@@ -135,7 +135,7 @@ def _fmt(sources: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def check_algorithm(w: Wiring) -> list[Finding]:
-    """EAGLE (or NEXTN) with an EAGLE-3 draft: no aux capture, fc skipped, accept length ~1 (F1)."""
+    """EAGLE (or NEXTN) with an EAGLE-3 draft: no aux capture, fc skipped, accept length ~1."""
     algo = (w.spec_algorithm or "").upper()
     if w.draft_is_eagle3 and algo in ("EAGLE", "NEXTN"):
         return [Finding(
@@ -155,7 +155,7 @@ def check_algorithm(w: Wiring) -> list[Finding]:
 
 
 def check_layer_id_location(w: Wiring) -> list[Finding]:
-    """Ids the engine never reads (top level, or an unreadable ``eagle_config``) or none at all (F2, F27)."""
+    """Ids the engine never reads (top level, or an unreadable ``eagle_config``) or none at all."""
     if not w.aux_enabled:
         return []
     default = src.sglang_sources(None, w.family, w.num_layers).sources
@@ -167,7 +167,7 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
         shift = ""
         if ids and ids[0] == 1:
             shift = (" Its first id is 1, the SpecForge (C_out) spelling copied to the top level unchanged: "
-                     "vLLM reads it one layer early (F29).")
+                     "vLLM reads it one layer early.")
         return [Finding(
             Code.LAYER_IDS_IGNORED, severity,
             f"eagle_aux_hidden_state_layer_ids {ids} sit at the top level of the draft config; SGLang 0.5.23 "
@@ -212,7 +212,7 @@ def _sources_or_none(ids: Sequence[int], convention: src.Convention, num_layers:
 
 
 def check_layer_ids(w: Wiring) -> list[Finding]:
-    """Configured ids: unique, sorted, reachable, no embedding slot, the DeepSeek first-id rule (F24)."""
+    """Configured ids: unique, sorted, reachable, no embedding slot, the DeepSeek first-id rule."""
     if not w.aux_enabled:
         return []
     cap = capture(w)
@@ -310,7 +310,7 @@ def _ids_fix(w: Wiring, trained: Sequence[str]) -> str:
 
 
 def check_widths(w: Wiring) -> list[Finding]:
-    """Fed width vs the draft's fc and the static draft-extend buffer; use_aux vs fc (F12, F22)."""
+    """Fed width vs the draft's fc and the static draft-extend buffer; use_aux vs fc."""
     findings: list[Finding] = []
     h = w.target_hidden_size
     if w.draft_input_hidden is not None and w.draft_input_hidden != h:

@@ -77,7 +77,7 @@ ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 """Accept lengths are integers >= 1 (the bonus token included); ``le="1"`` counts full rejections."""
 
 OVERHEAD_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2)
-"""Host overhead per step in seconds; the per-step hook budget is 25 µs (issue 6)."""
+"""Host overhead per step in seconds; the per-step hook budget is 25 µs."""
 
 DEFAULT_FLUSH_INTERVAL_S = 0.5
 """Steps are summed and pushed to the metrics at most this often (scrapes are seconds apart)."""

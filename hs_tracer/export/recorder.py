@@ -3,7 +3,7 @@
 It takes :class:`~hs_tracer.records.StepRecord` objects off the tracer's bounded queue, tallies
 acceptance, feeds the Prometheus and OpenTelemetry exporters, reads the fingerprint probe's
 per-channel windows, runs the online diagnosis against ``HS_TRACER_PROFILE``, and keeps the live
-report (the DESIGN §5.4 JSON) that ``HS_TRACER_REPORT_DIR`` and ``hs-tracer demo`` show.
+report (the report JSON of docs/interfaces.md) that ``HS_TRACER_REPORT_DIR`` and ``hs-tracer demo`` show.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Draft and target configs as SGLang 0.5.23 reads them, and which tool wrote the draft.
 
-Three draft formats are in the wild (reference eagle3-training-formats §1.2, §2.2, §3, §5):
+Three draft formats are in the wild:
 SpecForge/SGLang (``LlamaForCausalLMEagle3``, ids nested in ``eagle_config``), speculators
 (``speculators_model_type: eagle3``, model dims in ``transformer_layer_config``, ids at top level)
 and original EAGLE (``architectures: ["LlamaForCausalLM"]``). Only the first loads in SGLang.

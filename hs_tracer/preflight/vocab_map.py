@@ -4,7 +4,7 @@ SGLang (models/llama_eagle3.py ``load_weights``) takes any tensor whose name con
 *diffs* and builds ``hot_token_id = d2t + arange(len(d2t))`` (absolute target ids); it skips
 ``t2d``; with no ``d2t`` it leaves ``hot_token_id`` unset and a draft id is used as the target id.
 SpecForge, speculators and EAGLE all write diffs: ``d2t[i] = used[i] - i`` over the sorted used
-target ids, and ``t2d`` the bool mask of those ids (eagle3-training-formats §1.3, §2.3, §3).
+target ids, and ``t2d`` the bool mask of those ids.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Build a reference profile from training dumps (optionally sharded), with provenance per slot.
 
-Where the layer ids come from, in order (DESIGN §5.3): the data itself (hs_tracer captures carry
+Where the layer ids come from, in order: the data itself (hs_tracer captures carry
 their wiring), else the draft's config (``--draft``), else explicit flags (``--layer-ids`` with
 ``--convention``), else the producer's default triple (recorded as ``ids_origin: default``).
 The ids are converted once, here, to canonical sources through :mod:`hs_tracer.sources`.

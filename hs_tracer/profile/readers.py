@@ -6,7 +6,7 @@ also holds (they become extra reference candidates), and token positions. Memory
 the largest record. Files are listed sorted by their path relative to the root, so ``--shard i/n``
 splits any dump the same way on every machine.
 
-Layouts (reference ``eagle3-training-formats.md`` §1.1, §2.1):
+Layouts:
 
 * SpecForge: ``rows_*/data_*.ckpt[.gz]``, one ``torch.save`` dict per sequence with ``aux_hidden_state``
   ``[1, T, K*H]`` (pre-norm residual states), ``hidden_state`` ``[1, T, H]`` (**after** the final norm),

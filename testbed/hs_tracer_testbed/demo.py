@@ -39,7 +39,7 @@ class Run:
 
     @property
     def diagnosis(self) -> dict[str, Any]:
-        """The emitting scheduler's diagnosis (attention-TP rank 0), DESIGN §5.4 keys."""
+        """The emitting scheduler's diagnosis (attention-TP rank 0), the report keys of docs/interfaces.md."""
         for rep in self.schedulers:
             if rep.get("emitting") and rep.get("diagnosis"):
                 return rep["diagnosis"]

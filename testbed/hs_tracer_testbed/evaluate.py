@@ -20,25 +20,7 @@ from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile.accumulate import StatsAccumulator
 from hs_tracer.profile.model import Profile
-from hs_tracer.sources import EMBEDDING, FINAL_NORM, Source
-
-
-def scenarios(trained: Sequence[str]) -> dict[str, list[str]]:
-    """The catalogue (reference §6) as live source lists for a draft trained on ``trained``."""
-    t = list(trained)
-
-    def earlier(s: str) -> str:
-        return str(Source.block_output(int(Source.parse(s).depth) - 1))
-
-    return {
-        "correct": t,
-        "one_slot_one_layer_early": [earlier(t[0]), *t[1:]],
-        "all_slots_one_layer_early": [earlier(s) for s in t],
-        "all_slots_one_layer_late": [str(Source.block_output(int(Source.parse(s).depth) + 1)) for s in t],
-        "embedding_in_slot_0": [EMBEDDING, *t[:-1]],
-        "slots_reversed": t[::-1],
-        "single_state": [FINAL_NORM],
-    }
+from hs_tracer.sources import EMBEDDING, FINAL_NORM
 
 
 @dataclass

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from hs_tracer.sources import EMBEDDING, FINAL_NORM, Source
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -41,6 +43,26 @@ SCENARIOS: dict[str, Edit] = {
     "ids_top_level": _ids_top_level,
     "ids_shifted": _ids_shifted,
 }
+
+
+def fed_sources(trained: Sequence[str]) -> dict[str, list[str]]:
+    """The miswiring catalogue as what each miswiring feeds the draft, slot by slot (canonical
+    sources), for a draft trained on ``trained``; ``correct`` is the right wiring. The config edits
+    above produce some of these in a real engine; the detection evaluation replays all of them."""
+    t = list(trained)
+
+    def earlier(s: str) -> str:
+        return str(Source.block_output(int(Source.parse(s).depth) - 1))
+
+    return {
+        "correct": t,
+        "one_slot_one_layer_early": [earlier(t[0]), *t[1:]],
+        "all_slots_one_layer_early": [earlier(s) for s in t],
+        "all_slots_one_layer_late": [str(Source.block_output(int(Source.parse(s).depth) + 1)) for s in t],
+        "embedding_in_slot_0": [EMBEDDING, *t[:-1]],
+        "slots_reversed": t[::-1],
+        "single_state": [FINAL_NORM],
+    }
 
 
 def describe(name: str) -> str:

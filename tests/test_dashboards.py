@@ -49,6 +49,15 @@ def test_build_command_reproduces_the_committed_files_byte_for_byte(
     assert f"stale: {dashboards.RULES_FILE}" in capsys.readouterr().err
 
 
+def test_build_outside_a_checkout_writes_nothing_without_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["dashboards", "build"]) == 2
+    assert "--root" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_rendering_is_deterministic() -> None:
     assert overview.render() == overview.render()
     ids = [p["id"] for p in _dashboard()["panels"]]

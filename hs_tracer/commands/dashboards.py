@@ -28,8 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                        "and the Kubernetes PrometheusRule and dashboard ConfigMap under "
                                        "ROOT, after linting the dashboard. Exit 1 if --check finds "
                                        "stale files or the lint finds problems.")
-    b.add_argument("--root", type=Path, default=Path("."),
-                   help="repository checkout to write into (default: the current directory)")
+    b.add_argument("--root", type=Path, default=None,
+                   help="folder to write into (default: the current directory when it is an hs_tracer "
+                        "checkout, i.e. holds grafana/dashboards; anywhere else --root is required)")
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if a committed file differs from a fresh rendering")
     b.set_defaults(func=run_build)
@@ -64,6 +65,14 @@ def run_build(args: argparse.Namespace) -> int:
     import hs_tracer.dashboards as dashboards
     from hs_tracer.dashboards import lint, overview
 
+    if args.root is None:
+        args.root = Path(".")
+        if not (args.root / dashboards.DASHBOARD_DIR).is_dir():
+            from hs_tracer.cli import UsageError
+
+            raise UsageError(f"the current folder is not an hs_tracer checkout (no "
+                             f"{dashboards.DASHBOARD_DIR}/ here); pass --root DIR to write grafana/ and "
+                             "deploy/ under DIR")
     problems = lint.lint(json.loads(overview.render()), lint.OVERVIEW_EXCLUSIONS)
     for problem in problems:
         print(f"lint: {problem}", file=sys.stderr)

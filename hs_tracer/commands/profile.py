@@ -226,7 +226,7 @@ def run_merge(args: argparse.Namespace) -> int:
     profiles = [load_profile(p, flag="") for p in args.profiles]
     try:
         merged = merge_profiles(profiles)
-    except ProfileError as exc:
+    except (ProfileError, ValueError) as exc:  # ValueError: the same pieces in two inputs
         raise UsageError(str(exc)) from exc
     merged.save(args.output)
     print(merged.summary())

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.capture} is not an hs_tracer capture (no manifest.json); capture one with "
                          "HS_TRACER_CAPTURE_DIR on the server")
     manifest = check_capture(args.capture, "CAPTURE_DIR")
-    check_draft(args.draft)
+    check_draft(args.draft, runnable=True)
     if args.target is not None:
         check_target(args.target)
     if args.training_data is not None and not args.training_data.is_dir():
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = replay(args.capture, args.draft, target_dir=args.target, training=args.training_data,
                         profile_path=args.profile, max_tokens=args.max_tokens, threads=args.threads)
-    except (FileNotFoundError, ProfileError, LayoutError, ValueError) as exc:
+    except (FileNotFoundError, ProfileError, LayoutError, ValueError, NotImplementedError) as exc:
         raise UsageError(str(exc)) from exc
     print(to_json_text(result) if args.json else human(result))
     return result.exit_code

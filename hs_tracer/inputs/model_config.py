@@ -8,6 +8,7 @@ safetensors weight file of a draft must pass the format checks (a download cut s
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,24 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "eagle_config": (lambda v: isinstance(v, dict), "a JSON object"),
     "text_config": (lambda v: isinstance(v, dict), "a JSON object"),
     "transformer_layer_config": (lambda v: isinstance(v, dict), "a JSON object"),
+    "head_dim": (lambda v: is_int(v, 1), "a positive integer"),
+    "num_aux_hidden_states": (lambda v: is_int(v, 1), "a positive integer"),
+    "rms_norm_eps": (lambda v: _number(v) and v > 0, "a positive number"),
+    "rope_theta": (lambda v: _number(v) and v > 0, "a positive number"),
+    "rope_parameters": (lambda v: isinstance(v, dict), "a JSON object"),
+    "rope_scaling": (lambda v: isinstance(v, dict), "a JSON object"),
+    "use_aux_hidden_state": (lambda v: isinstance(v, bool), "true or false"),
+    "norm_output": (lambda v: isinstance(v, bool), "true or false"),
     "torch_dtype": (lambda v: isinstance(v, str), "a string"),
     "model_type": (lambda v: isinstance(v, str), "a string"),
 }
 _NESTED = ("text_config", "eagle_config", "transformer_layer_config")
+# What the plain-torch draft (replay) needs stated, beyond what SGLang's defaults fill in.
+_DRAFT_DIMS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _config_file(path: Path, what: str, kind: str) -> Path:
@@ -77,12 +92,18 @@ def check_target(path: str | Path, flag: str = "--target") -> dict[str, Any]:
     return raw
 
 
-def check_draft(path: str | Path, flag: str = "--draft") -> dict[str, Any]:
-    """The draft checkpoint directory: config.json checked, every safetensors weight file checked."""
+def check_draft(path: str | Path, flag: str = "--draft", runnable: bool = False) -> dict[str, Any]:
+    """The draft checkpoint directory: config.json checked, every safetensors weight file checked;
+    ``runnable``: the draft will be run (replay), so its dimensions must be stated."""
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"{flag} {path}", "not a directory", "pass the draft's checkpoint directory")
     raw = read_config(path, flag, "draft")
+    if runnable:
+        missing = [k for k in _DRAFT_DIMS if k not in raw]
+        if missing:
+            raise InputError(f"{flag} {path}", f"config.json lacks {', '.join(missing)}",
+                             "pass an EAGLE-3 draft exported by SpecForge/SGLang (LlamaForCausalLMEagle3)")
     for file in sorted(path.glob("*.safetensors")):
         safetensors_table(file, f"{flag} {file}", "re-download or re-export the draft weights")
     index = path / "model.safetensors.index.json"

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SGLANG := sglang==0.5.23
 
-.PHONY: demo test lint venv lock clean
+.PHONY: demo test test-fast lint venv lock clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ test: $(STAMP)
 	tests/infra/prometheus.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not engine"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -76,7 +76,7 @@ def human(result) -> str:
     lines = [
         f"draft:  {d['path']} ({d['format']}, {d['architecture'] or 'no architecture'}), fc in "
         f"{d['fc_in_features']}, layer ids {d['layer_ids']} [{d['layer_ids_location']}]",
-        f"target: {t['architecture']} ({t['family']} rule), {t['num_layers']} layers, "
+        f"target: {t['architecture']} (SGLang's {t['family']} layer-id rule), {t['num_layers']} layers, "
         f"hidden {t['hidden_size']}",
         f"engine: {e['name']} captures layers_to_capture {e['layers_to_capture']} -> sources {e['sources']}; "
         f"{spec['speculative_algorithm']} steps={spec['speculative_num_steps']} "

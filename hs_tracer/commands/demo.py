@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 DEFAULT_SCENARIOS = ["ids_shifted"]
@@ -22,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Starts sgl.Engine on the CPU with HS_TRACER=1, sends a workload and prints what "
         "hs_tracer diagnosed inside the scheduler. Without --target it uses the testbed (a tiny trained "
         "DeepSeek-V3 target and its EAGLE-3 draft, built on first use) and also runs a miswired copy of "
-        "the draft. Exit 0 when the configured draft is healthy and every miswiring was caught.")
+        "the draft. Exit status: 0 when the configured draft is healthy and every deliberately miswired "
+        "copy was caught (their critical findings are the expected answer), 1 otherwise, 2 for bad input.")
     p.add_argument("--target", type=Path, help="target model dir (default: the testbed's)")
     p.add_argument("--draft", type=Path, help="EAGLE-3 draft dir (default: the testbed's)")
     p.add_argument("--profile", type=Path, help="reference profile (default: built from the testbed data)")
@@ -33,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--json", action="store_true",
                    help="print the diagnoses as JSON (the report keys of docs/interfaces.md)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show SGLang's own output (by default it goes to a log file named at the end)")
     p.set_defaults(func=run)
 
 
@@ -58,8 +64,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
     scenarios = args.scenarios if args.scenarios is not None else (
         DEFAULT_SCENARIOS if args.target is None else [])
+    log = None
+    if not args.verbose:
+        fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+        # Said first: when an engine fails, SGLang may end this process before anything else prints.
+        print(f"SGLang's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
     runs = demo.run(args.target, args.draft, profile=args.profile, scenarios=scenarios,
-                    num_prompts=args.prompts, max_new_tokens=args.max_new_tokens)
+                    num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log)
     if args.json:
         out = [r.to_json() for r in runs]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))

@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"reference: {args.profile} ({profile.meta['producer']}, {profile.tokens} tokens"
                 f"{', with atlas' if profile.atlas is not None else ', no atlas'}); thresholds calibrated at "
-                f"{c.window_tokens} tokens: t_match {c.t_match:.3g}, rho {c.rho:.2f}"
+                f"{c.window_tokens} tokens: same-source distance up to {c.t_match:.3g}, ambiguity ratio "
+                f"{c.rho:.2f}"
             )
         print(report.human())
     return report.exit_code

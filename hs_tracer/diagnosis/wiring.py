@@ -246,7 +246,8 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.WARNING,
             f"slot {cap.sources.index(src.EMBEDDING)} is fed the token embedding: SpecForge never trains on "
-            "it, so this is usually a layer-id convention error (a C_in list read the wrong way)",
+            "it, so this is usually a layer-id convention error (ids that count the embedding as layer 0 "
+            "read as block outputs, or the reverse)",
             "check the convention of the ids against the training provenance (--profile)",
             slot=cap.sources.index(src.EMBEDDING), observed=src.EMBEDDING, details=details))
     if w.family is src.Family.DEEPSEEK and ids and ids[0] != 1:
@@ -255,7 +256,7 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             Code.LAYER_ID_CONVENTION, Severity.WARNING,
             f"on a DeepSeek-family target SGLang 0.5.23 adds 1 only when the first id is 1; {ids} are taken "
             f"as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, +1 always) fed "
-            f"{_fmt(llama_rule)} for the same config (sglang PR #25454)",
+            f"{_fmt(llama_rule)} for the same config (SGLang changed the rule in its pull request 25454)",
             "confirm which layers the draft was trained on (--profile); rewrite the ids so both sides agree",
             observed=_fmt(cap.sources), details={**details, "confirmable": True}))
     return findings

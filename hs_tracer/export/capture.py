@@ -145,9 +145,9 @@ class CaptureSink:
         self.writer = cf.CaptureWriter(self.path, manifest)
         self.writer.write_manifest()
         logger.warning(
-            "hs_tracer: capturing %.4g of the draft's input features to %s (at most %d bytes): captures "
-            "contain user data (prompts can be reconstructed from hidden states); files are 0600",
-            rate, self.path, self.max_bytes,
+            "hs_tracer: capturing the draft's input features of %.4g%% of prefill steps to %s (at most %d "
+            "bytes): captures contain user data (prompts can be reconstructed from hidden states); files "
+            "are 0600", 100 * rate, self.path, self.max_bytes,
         )
 
     # ---- scheduler thread ------------------------------------------------------------------------

@@ -68,7 +68,7 @@ class SpecResolution:
     num_draft_tokens: int | None = None
     adjusted: list[tuple[str, Any, Any, str]] = field(default_factory=list)  # field, from, to, why
     rejected: str | None = None
-    method: str = "mirror of sglang 0.5.23"
+    method: str = "hs_tracer's copy of SGLang 0.5.23's rules"
 
     def used(self) -> dict[str, Any]:
         return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.num_steps,

@@ -9,8 +9,12 @@ it runs the correct draft and then a miswired copy of it (config.json edited, as
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,16 +114,44 @@ def testbed_profile(tb: TestbedPaths) -> Path:
 
     out = tb.root.parent / f"{tb.root.name}.profile.safetensors"
     if not out.exists():
-        code = cli(["profile", "build", str(tb.specforge_data), "-o", str(out), "--draft", str(tb.draft),
-                    "--target", str(tb.target), "--atlas", str(tb.atlas_data), "--no-progress"])
+        with redirect_stdout(sys.stderr):  # progress, not the demo's answer
+            code = cli(["profile", "build", str(tb.specforge_data), "-o", str(out), "--draft",
+                        str(tb.draft), "--target", str(tb.target), "--atlas", str(tb.atlas_data),
+                        "--no-progress"])
         if code != 0:
             raise RuntimeError(f"building the testbed profile failed (exit {code})")
     return out
 
 
+@contextmanager
+def output_to(log: Path | None) -> Iterator[None]:
+    """Send everything this process and the processes it starts write to stdout and stderr (SGLang's
+    import warnings and logs, hs_tracer's own log lines) to ``log``; ``None`` leaves them alone.
+    Works on the file descriptors, so SGLang's spawned scheduler processes inherit it."""
+    if log is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
 def run(target: Path | None = None, draft: Path | None = None, *, profile: Path | None = None,
-        scenarios: list[str] | None = None, num_prompts: int = 16, max_new_tokens: int = 32) -> list[Run]:
-    """The demo: the testbed models (or the given ones), correct wiring, then each miswiring."""
+        scenarios: list[str] | None = None, num_prompts: int = 16, max_new_tokens: int = 32,
+        log: Path | None = None) -> list[Run]:
+    """The demo: the testbed models (or the given ones), correct wiring, then each miswiring. With
+    ``log``, SGLang's output goes there and only a progress line per engine reaches stderr."""
     from hs_tracer_testbed import ensure_testbed
     from hs_tracer_testbed.corpus import prompts as corpus_prompts
     from hs_tracer_testbed.miswire import write_variant
@@ -131,18 +163,23 @@ def run(target: Path | None = None, draft: Path | None = None, *, profile: Path 
             tb = ensure_testbed()
             target, draft = tb.target, draft or tb.draft
             profile = profile or testbed_profile(tb)
-        runs.append(run_engine("as configured", target, draft, prompts, profile=profile,
-                               max_new_tokens=max_new_tokens))
+        plan = [("as configured", draft)]
         for scenario in scenarios or []:
             assert draft is not None
-            variant = write_variant(draft, Path(tmp) / scenario, scenario)
-            runs.append(run_engine(f"miswired: {scenario}", target, variant, prompts, profile=profile,
-                                   max_new_tokens=max_new_tokens))
+            plan.append((f"miswired: {scenario}", write_variant(draft, Path(tmp) / scenario, scenario)))
+        for i, (name, run_draft) in enumerate(plan, 1):
+            print(f"[{i}/{len(plan)}] SGLang with EAGLE-3 on CPU, tracing on: {name} "
+                  f"({len(prompts)} prompts, about a minute)", file=sys.stderr, flush=True)
+            with output_to(log):
+                runs.append(run_engine(name, target, run_draft, prompts, profile=profile,
+                                       max_new_tokens=max_new_tokens))
     return runs
 
 
 def human(runs: list[Run]) -> str:
-    from hs_tracer.diagnosis.findings import Severity
+    """Per run: the models and wiring, two sample outputs, then the diagnosis as every hs_tracer
+    command prints it (:meth:`Report.human`)."""
+    from hs_tracer.diagnosis.findings import Report
 
     lines: list[str] = []
     for r in runs:
@@ -151,26 +188,14 @@ def human(runs: list[Run]) -> str:
         w = d["wiring"] or {}
         if w:
             lines.append(f"   wiring: {w.get('target_arch')} with {w.get('num_layers')} layers, hidden "
-                         f"{w.get('hidden_size')}; layers_to_capture {w.get('layers_to_capture')} -> "
-                         f"{', '.join(w.get('sources') or [])}")
+                         f"{w.get('hidden_size')}; the target captures layers {w.get('layers_to_capture')}"
+                         f" = {', '.join(w.get('sources') or [])}")
         for prompt, out in list(zip(r.prompts, r.outputs, strict=True))[:2]:
             lines.append(f"   {prompt!r} -> {out.strip()!r}")
-        lines.append(f"   status: {d['status']}")
-        for s in d["slots"]:
-            mark = "" if s["expected_source"] == s["observed_source"] else "   <-- mismatch"
-            lines.append(f"     slot {s['index']}: trained on {s['expected_source']:<10} fed "
-                         f"{s['observed_source']:<10} (score {s['score']:.2f}){mark}")
-        a = d["acceptance"]
-        if a:
-            rates = ", ".join(f"{x:.2f}" for x in a["per_position_rate"])
-            lines.append(f"   acceptance: mean accept length {a['mean_accept_length']:.2f} over {a['steps']} "
-                         f"request-steps; per draft position [{rates}]")
-        for f in d["findings"]:
-            if f["severity"] == Severity.INFO.value:
-                continue
-            lines.append(f"   [{f['severity']}] {f['code']}: {f['message']}")
-            if f.get("fix"):
-                lines.append(f"       fix: {f['fix']}")
+        if d["status"] == "unknown":
+            lines.append("   status: unknown (no scheduler reported a diagnosis)")
+            continue
+        lines.extend("   " + line for line in Report.from_json(r.diagnosis).human().splitlines())
     return "\n".join(lines)
 
 

@@ -192,7 +192,7 @@ def test_specforge_reader_gzip_and_refuses_pickled_code(testbed, tmp_path: Path)
     assert isinstance(reader, readers.SpecForgeReader) and len(reader.files()) == 2
     rec = next(reader.records(reader.files()[0], 3, reader.layout().hidden_size))
     direct = torch.load(src[0], weights_only=True)["aux_hidden_state"][0].float().numpy()
-    np.testing.assert_array_equal(rec.slots.reshape(rec.slots.shape[0], -1), direct)
+    np.testing.assert_array_equal(rec.slots.reshape(rec.slots.shape[0], -1).float().numpy(), direct)
     # a file carrying a pickled object (code on load) is refused, not executed
     torch.save({"aux_hidden_state": torch.zeros(1, 2, 6), "evil": shutil.rmtree}, rows / "data_9.ckpt")
     with pytest.raises(readers.LayoutError, match="weights_only"):

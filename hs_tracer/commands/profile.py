@@ -66,7 +66,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="skip token positions below this (default 1: the BOS / attention-sink position)",
     )
-    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress (default: a bar on a terminal, else a line with tokens/s and ETA every minute)",
+    )
+    b.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the build when OUTPUT already holds a profile built from the same files (path, "
+        "size, mtime), wiring, settings and shard; for re-running a sharded job",
+    )
     b.set_defaults(func=run_build)
 
     m = psub.add_parser(
@@ -76,6 +86,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE")
     m.add_argument("-o", "--output", type=Path, required=True)
+    m.add_argument(
+        "--require-complete",
+        action="store_true",
+        help="exit 2 without writing unless the profiles hold every shard of the build",
+    )
     m.set_defaults(func=run_merge)
 
     s = psub.add_parser("show", help="print a profile's provenance and calibration")
@@ -192,10 +207,15 @@ def run_build(args: argparse.Namespace) -> int:
             )
             if v is not None
         }
+        shard = parse_shard(args.shard)
+        key = build.build_key(dumps, atlas=atlas, shard=shard, **kwargs)
+        if args.resume and build.already_built(args.output, key):
+            print(f"{args.output}: already built from the same files and settings; skipped (--resume)")
+            return 0
         profile = build.build_profile(
             dumps,
             atlas=atlas,
-            shard=parse_shard(args.shard),
+            shard=shard,
             progress=False if args.no_progress else None,
             **kwargs,
         )
@@ -228,6 +248,9 @@ def run_merge(args: argparse.Namespace) -> int:
         merged = merge_profiles(profiles)
     except (ProfileError, ValueError) as exc:  # ValueError: the same pieces in two inputs
         raise UsageError(str(exc)) from exc
+    if args.require_complete and not merged.meta.get("complete", True):
+        missing = sorted(set(range(int(merged.meta["shard_count"]))) - set(merged.meta["shards"]))
+        raise UsageError(f"shards {missing} of {merged.meta['shard_count']} are missing; nothing written")
     merged.save(args.output)
     print(merged.summary())
     print(f"wrote {args.output}")

@@ -24,6 +24,47 @@ def stable_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
+_LANE_TOKENS = 4  # tokens added per step: [4, K, H] float32 lanes stay in cache (344 KB at 3 x 7168)
+_FLUSH_TOKENS = 64  # float32 lanes are flushed into float64 at least this often
+
+
+def channel_sums(x) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row, per-channel ``(sum, sumsq)`` in float64 over the tokens of ``[T, R, H]`` (numpy, or a torch
+    tensor in any float dtype: a bf16 dump is converted a few tokens at a time, never as a whole).
+
+    Tokens are added 4 at a time into float32 lanes with in-place ops (``add_``, ``addcmul_``), which
+    are flushed into float64 every 64 tokens: at most 16 float32 additions per lane, a relative error
+    below 1e-6 of the summed magnitudes (typically 1e-8), under the rounding of the bf16 values
+    themselves (4e-3). On one core this is 5-8x faster than converting the whole record to float64 and
+    reducing it; the build reads dumps at close to their load speed because of it.
+    """
+    import torch
+
+    t = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+    n, rows, hidden = t.shape
+    lanes = torch.zeros((_LANE_TOKENS, rows, hidden), dtype=torch.float32)
+    lanes_sq = torch.zeros_like(lanes)
+    v = torch.empty_like(lanes)
+    total = torch.zeros((rows, hidden), dtype=torch.float64)
+    total_sq = torch.zeros_like(total)
+    for flush in range(0, n, _FLUSH_TOKENS):
+        for start in range(flush, min(flush + _FLUSH_TOKENS, n), _LANE_TOKENS):
+            m = min(_LANE_TOKENS, n - start)
+            if m == _LANE_TOKENS:
+                v.copy_(t[start : start + m])
+                lanes.add_(v)
+                lanes_sq.addcmul_(v, v)
+            else:
+                v[:m].copy_(t[start : start + m])
+                lanes[:m].add_(v[:m])
+                lanes_sq[:m].addcmul_(v[:m], v[:m])
+        total += lanes.sum(0, dtype=torch.float64)
+        total_sq += lanes_sq.sum(0, dtype=torch.float64)
+        lanes.zero_()
+        lanes_sq.zero_()
+    return total.numpy(), total_sq.numpy()
+
+
 class StatsAccumulator:
     """Per-row, per-channel count/sum/sumsq of ``[T, R, H]`` arrays; non-finite values are excluded
     value by value (as the GPU probe does) and counted."""
@@ -33,24 +74,34 @@ class StatsAccumulator:
         self.nonfinite = 0
         self.tokens = 0
 
-    def add(self, x: np.ndarray) -> None:
-        if x.ndim != 3 or x.shape[1:] != self.stats.sum.shape:
-            raise ValueError(f"expected [T, {self.stats.num_slots}, {self.stats.hidden}], got {x.shape}")
-        for start in range(0, x.shape[0], self.CHUNK):  # bounded float64 temporaries for wide targets
-            self._add(x[start : start + self.CHUNK])
+    def add(self, x) -> tuple[np.ndarray, np.ndarray] | None:
+        """Add ``[T, R, H]`` (numpy or torch). Returns its float64 ``(sum, sumsq)`` when every value was
+        finite (the calibration pieces reuse them), else None."""
+        if x.ndim != 3 or tuple(x.shape[1:]) != self.stats.sum.shape:
+            raise ValueError(
+                f"expected [T, {self.stats.num_slots}, {self.stats.hidden}], got {tuple(x.shape)}"
+            )
         self.tokens += x.shape[0]
+        s, sq = channel_sums(x)
+        # a NaN or inf anywhere makes its channel's sums non-finite, so finite sums prove every value
+        # finite (values whose squares overflow float32 take the exact path below as well)
+        if np.isfinite(s).all() and np.isfinite(sq).all():
+            self.stats.count += x.shape[0]
+            self.stats.sum += s
+            self.stats.sumsq += sq
+            return s, sq
+        a = x if isinstance(x, np.ndarray) else x.float().numpy()
+        for start in range(0, a.shape[0], self.CHUNK):  # bounded float64 temporaries for wide targets
+            self._add_masked(a[start : start + self.CHUNK])
+        return None
 
     CHUNK = 256
 
-    def _add(self, x: np.ndarray) -> None:
+    def _add_masked(self, x: np.ndarray) -> None:
         ok = np.isfinite(x)
-        if ok.all():
-            v = x.astype(np.float64)
-            self.stats.count += x.shape[0]
-        else:
-            self.nonfinite += int(x.size - ok.sum())
-            v = np.where(ok, x, 0.0).astype(np.float64)
-            self.stats.count += ok.sum(0)
+        self.nonfinite += int(x.size - ok.sum())
+        v = np.where(ok, x, 0.0).astype(np.float64)
+        self.stats.count += ok.sum(0)
         self.stats.sum += v.sum(0)
         self.stats.sumsq += np.einsum("trh,trh->rh", v, v)
 
@@ -74,20 +125,14 @@ class PieceSample:
         self._sum: list[np.ndarray] = []
         self._sumsq: list[np.ndarray] = []
 
-    def add(self, record_key: str, x: np.ndarray) -> None:
-        """Split one record's ``[T, K, H]`` slots into pieces; a tail shorter than half a piece is dropped."""
-        if self.max_pieces == 0:
+    def offer(self, key: str, tokens: int, s: np.ndarray, sq: np.ndarray) -> None:
+        """One piece with its float64 sums; kept while its key hash is among the smallest."""
+        if self.max_pieces == 0 or tokens < max(1, self.piece_tokens // 2):
             return
-        p = self.piece_tokens
-        for i, start in enumerate(range(0, x.shape[0], p)):
-            piece = x[start : start + p]
-            if piece.shape[0] < max(1, p // 2) or not np.isfinite(piece).all():
-                continue
-            v = piece.astype(np.float64)
-            self._keys.append(stable_hash(f"{record_key}#{i}"))
-            self._tokens.append(piece.shape[0])
-            self._sum.append(v.sum(0).astype(np.float32))
-            self._sumsq.append(np.einsum("tkh,tkh->kh", v, v).astype(np.float32))
+        self._keys.append(stable_hash(key))
+        self._tokens.append(tokens)
+        self._sum.append(s.astype(np.float32))
+        self._sumsq.append(sq.astype(np.float32))
         if len(self._keys) >= 2 * self.max_pieces:
             self._prune()
 
@@ -108,6 +153,18 @@ class PieceSample:
             "sum": np.stack(self._sum) if m else np.zeros((0, *self.shape), np.float32),
             "sumsq": np.stack(self._sumsq) if m else np.zeros((0, *self.shape), np.float32),
         }
+
+
+def add_record(totals: StatsAccumulator, sample: PieceSample, record_key: str, x) -> None:
+    """Add one record's ``[T, K, H]`` slots to ``totals`` piece by piece and offer each piece to ``sample``
+    (the sums are computed once for both). A tail shorter than half a piece is counted, not sampled;
+    a piece holding a non-finite value is not sampled."""
+    p = sample.piece_tokens
+    for i, start in enumerate(range(0, x.shape[0], p)):
+        piece = x[start : start + p]
+        sums = totals.add(piece)
+        if sums is not None:
+            sample.offer(f"{record_key}#{i}", piece.shape[0], *sums)
 
 
 def merge_piece_arrays(

@@ -8,8 +8,8 @@ The ids are converted once, here, to canonical sources through :mod:`hs_tracer.s
 
 from __future__ import annotations
 
+import hashlib
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from hs_tracer import __version__ as _version
+from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile import readers
-from hs_tracer.profile.accumulate import PieceSample, StatsAccumulator
+from hs_tracer.profile.accumulate import PieceSample, StatsAccumulator, add_record
 from hs_tracer.profile.model import FORMAT, VERSION, NamedStats, Profile
+from hs_tracer.profile.progress import BuildProgress
 from hs_tracer.sources import Convention, default_ids, family_of, text_config, to_sources
 
 DEFAULT_PIECE_TOKENS = 64
@@ -248,38 +250,96 @@ def open_dump(
     return Dump(reader, layout, k, hidden, sources, extra, ids=ids, num_layers=n, target_arch=target.arch)
 
 
-def _progress(total: int, desc: str, enabled: bool | None):
-    from tqdm import tqdm
+def _selection(record: readers.Record, skip_first: int):
+    """Index of the tokens kept (positions >= skip_first): a slice when positions are 0..T-1."""
+    pos = record.positions
+    if pos is None or skip_first <= 0:
+        return slice(None)
+    if len(pos) and pos[0] == 0 and np.array_equal(pos, np.arange(len(pos))):
+        return slice(skip_first, None)
+    import torch
 
-    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
-    return tqdm(total=total, desc=desc, unit="file", disable=disable, file=sys.stderr)
+    return torch.from_numpy(pos >= skip_first)
 
 
-def _keep(record: readers.Record, skip_first: int) -> np.ndarray | None:
-    if record.positions is None or skip_first <= 0:
-        return None
-    return record.positions >= skip_first
+def _stack(accs: Sequence[StatsAccumulator]) -> ChannelStats:
+    return ChannelStats(
+        np.concatenate([a.stats.count for a in accs]),
+        np.concatenate([a.stats.sum for a in accs]),
+        np.concatenate([a.stats.sumsq for a in accs]),
+    )
+
+
+def _shard_files(dumps: Sequence[Dump], shard: tuple[int, int] | None) -> list[tuple[Dump, Path, int]]:
+    return [(d, f, f.stat().st_size) for d in dumps for f in d.reader.files(shard)]
+
+
+def build_key(
+    inputs: Sequence[Dump],
+    *,
+    atlas: Dump | None = None,
+    shard: tuple[int, int] | None = None,
+    piece_tokens: int = DEFAULT_PIECE_TOKENS,
+    max_pieces: int = DEFAULT_MAX_PIECES,
+    skip_first: int = DEFAULT_SKIP_FIRST,
+) -> str:
+    """Digest of everything a build's result depends on: settings, wiring, and this shard's files
+    (relative path, size, mtime). Stored in the profile so ``--resume`` can skip a shard already built."""
+
+    def spec(d: Dump) -> dict[str, Any]:
+        files = []
+        for f in d.reader.files(shard):
+            st = f.stat()
+            files.append([d.reader.rel(f), st.st_size, st.st_mtime_ns])
+        ids = [d.ids.ids, d.ids.convention.value, d.ids.family] if d.ids else None
+        return {
+            "path": str(d.reader.root),
+            "sources": d.slot_sources,
+            "extras": d.extra_sources,
+            "ids": ids,
+            "files": files,
+        }
+
+    doc = {
+        "format": [FORMAT, VERSION],
+        "shard": list(shard) if shard else None,
+        "settings": [piece_tokens, max_pieces, skip_first],
+        "inputs": [spec(d) for d in inputs],
+        "atlas": spec(atlas) if atlas is not None else None,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def already_built(path: str | Path, key: str) -> bool:
+    """True when ``path`` is a readable profile written by a build with this :func:`build_key`."""
+    from hs_tracer.profile.model import Profile, ProfileError
+
+    if not Path(path).is_file():
+        return False
+    try:
+        return Profile.load(path).meta.get("build_key") == key
+    except ProfileError:
+        return False
 
 
 def _accumulate_rows(
-    dump: Dump, files: Sequence[Path], skip_first: int, progress: bool | None, desc: str
+    dump: Dump, files: Sequence[tuple[Dump, Path, int]], skip_first: int, progress: BuildProgress
 ) -> tuple[NamedStats, int]:
     """All rows (slots + extras) of a dump as one :class:`NamedStats` (atlas)."""
-    names = list(dump.slot_sources) + [s for s in dump.extra_sources.values() if s not in dump.slot_sources]
-    acc = StatsAccumulator(len(names), dump.hidden)
-    with _progress(len(files), desc, progress) as bar:
-        for file in files:
-            for rec in dump.records(file):
-                keep = _keep(rec, skip_first)
-                rows = [rec.slots] + [
-                    rec.extras[e][:, None]
-                    for e, s in dump.extra_sources.items()
-                    if s not in dump.slot_sources
-                ]
-                x = np.concatenate(rows, axis=1)
-                acc.add(x if keep is None else x[keep])
-            bar.update(1)
-    return NamedStats(names, acc.stats), acc.tokens
+    extra = {e: s for e, s in dump.extra_sources.items() if s not in dump.slot_sources}
+    slots = StatsAccumulator(dump.num_slots, dump.hidden)
+    rows = {e: StatsAccumulator(1, dump.hidden) for e in extra}
+    for _d, file, size in files:
+        tokens = 0
+        for rec in dump.records(file):
+            sel = _selection(rec, skip_first)
+            slots.add(rec.slots[sel])
+            for e, acc in rows.items():
+                acc.add(rec.extras[e][sel][:, None])
+            tokens += int(rec.slots[sel].shape[0])
+        progress.update(size, tokens)
+    names = list(dump.slot_sources) + list(extra.values())
+    return NamedStats(names, _stack([slots, *rows.values()])), slots.tokens
 
 
 def build_profile(
@@ -292,7 +352,11 @@ def build_profile(
     skip_first: int = DEFAULT_SKIP_FIRST,
     progress: bool | None = None,
 ) -> Profile:
-    """Stream every record of ``inputs`` (this shard's files only) into a profile."""
+    """Stream every record of ``inputs`` (this shard's files only) into a profile.
+
+    ``progress``: None shows a bar on a terminal and log lines otherwise (see
+    :mod:`hs_tracer.profile.progress`), False nothing.
+    """
     if not inputs:
         raise BuildError("no input dumps given")
     first = inputs[0]
@@ -306,28 +370,24 @@ def build_profile(
     slots = StatsAccumulator(k, h)
     pieces = PieceSample(k, h, piece_tokens, max_pieces)
     extra_names = sorted({s for d in inputs for s in d.extra_sources.values()})
-    extras = StatsAccumulator(len(extra_names), h) if extra_names else None
-    files_total = records = skipped = 0
-    for d in inputs:
-        files = d.reader.files(shard)
-        files_total += len(files)
-        with _progress(len(files), f"profile {d.reader.root.name}", progress) as bar:
-            for file in files:
-                for rec in d.records(file):
-                    keep = _keep(rec, skip_first)
-                    x = rec.slots if keep is None else rec.slots[keep]
-                    skipped += rec.slots.shape[0] - x.shape[0]
-                    slots.add(x)
-                    pieces.add(f"{d.reader.root.name}/{rec.key}", x)
-                    if extras is not None:
-                        ex = np.zeros((x.shape[0], len(extra_names), h), np.float32)
-                        ex[:] = np.nan  # a dump without this extra contributes no counts to it
-                        for e, src in d.extra_sources.items():
-                            v = rec.extras[e]
-                            ex[:, extra_names.index(src)] = v if keep is None else v[keep]
-                        extras.add(ex)
-                    records += 1
-                bar.update(1)
+    extras = {name: StatsAccumulator(1, h) for name in extra_names}
+    work = _shard_files(inputs, shard)
+    atlas_work = _shard_files([atlas], shard) if atlas is not None else []
+    desc = f"profile shard {shard[0]}/{shard[1]}" if shard else "profile"
+    bar = BuildProgress(sum(w[2] for w in work + atlas_work), desc, progress)
+    records = skipped = 0
+    for d, file, size in work:
+        tokens = 0
+        for rec in d.records(file):
+            sel = _selection(rec, skip_first)
+            x = rec.slots[sel]
+            skipped += rec.slots.shape[0] - x.shape[0]
+            add_record(slots, pieces, f"{d.reader.root.name}/{rec.key}", x)
+            for e, src in d.extra_sources.items():  # a dump without an extra adds no counts to it
+                extras[src].add(rec.extras[e][sel][:, None])
+            tokens += int(x.shape[0])
+            records += 1
+        bar.update(size, tokens)
 
     meta: dict[str, Any] = {
         "format": FORMAT,
@@ -346,7 +406,7 @@ def build_profile(
         "dtype": first.layout.dtype,
         "tokens": slots.tokens,
         "records": records,
-        "files": files_total,
+        "files": len(work),
         "nonfinite_values": slots.nonfinite,
         "skipped_tokens": skipped,
         "skip_first_positions": skip_first,
@@ -356,15 +416,21 @@ def build_profile(
         "shard_count": shard[1] if shard else None,
         "shards": [shard[0]] if shard else [],
         "complete": shard is None or shard[1] == 1,
+        "build_key": build_key(
+            inputs,
+            atlas=atlas,
+            shard=shard,
+            piece_tokens=piece_tokens,
+            max_pieces=max_pieces,
+            skip_first=skip_first,
+        ),
         "atlas": None,
     }
     if slots.tokens == 0 and shard is None:
         raise BuildError("no tokens read: is the shard empty or every position skipped?")
     atlas_stats = None
     if atlas is not None:
-        atlas_stats, atlas_tokens = _accumulate_rows(
-            atlas, atlas.reader.files(shard), skip_first, progress, f"atlas {atlas.reader.root.name}"
-        )
+        atlas_stats, atlas_tokens = _accumulate_rows(atlas, atlas_work, skip_first, bar)
         meta["atlas"] = {
             "producer": atlas.layout.producer,
             "path": str(atlas.reader.root),
@@ -372,10 +438,11 @@ def build_profile(
             "convention": atlas.ids.convention.value if atlas.ids else None,
             "tokens": atlas_tokens,
         }
+    bar.close()
     return Profile(
         meta=meta,
         slots=slots.stats,
         pieces=pieces.arrays(),
-        extras=NamedStats(extra_names, extras.stats) if extras is not None else None,
+        extras=NamedStats(extra_names, _stack(list(extras.values()))) if extras else None,
         atlas=atlas_stats,
     )

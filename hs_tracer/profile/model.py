@@ -217,6 +217,7 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
         if meta.get("atlas"):
             meta["atlas"] = {**meta["atlas"], "tokens": meta["atlas"]["tokens"] + p.meta["atlas"]["tokens"]}
     meta["shards"] = sorted(shards)
+    meta.pop("build_key", None)  # identifies one shard's build (resume); a merge is not one
     count = meta.get("shard_count")
     meta["complete"] = count is None or len(shards) == count
     return Profile(meta=meta, slots=slots, pieces=pieces, extras=extras, atlas=atlas)

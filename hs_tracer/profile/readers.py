@@ -1,8 +1,10 @@
 """Readers for hidden-state dumps: SpecForge offline data, speculators data, hs_tracer captures.
 
 Every reader streams one record (one sequence or one capture shard) at a time as a :class:`Record`:
-the draft-input slots ``[T, K, H]`` as float32, optional extra named states ``[T, H]`` that the dump
-also holds (they become extra reference candidates), and token positions. Memory stays bounded by
+the draft-input slots ``[T, K, H]`` as a torch tensor in the stored dtype (bf16 dumps stay bf16: the
+accumulators convert a few tokens at a time, which is what keeps a build near the read speed),
+optional extra named states ``[T, H]`` that the dump also holds (they become extra reference
+candidates), and token positions. Memory stays bounded by
 the largest record. Files are listed sorted by their path relative to the root, so ``--shard i/n``
 splits any dump the same way on every machine.
 
@@ -20,11 +22,16 @@ from __future__ import annotations
 
 import gzip
 import io
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from hs_tracer.profile import capture_format
 
@@ -40,9 +47,9 @@ class LayoutError(ValueError):
 @dataclass
 class Record:
     key: str  # stable across machines and shardings: "<relative file path>:<index>"
-    slots: np.ndarray  # [T, K, H] float32
+    slots: torch.Tensor  # [T, K, H] in the stored dtype
     positions: np.ndarray | None = None  # [T] token positions within their sequence, if known
-    extras: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [T, H] float32
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [T, H] in the stored dtype
     accept_lengths: np.ndarray | None = None  # captures: accept lengths of the steps in this shard
 
 
@@ -62,10 +69,6 @@ class Layout:
 
 def _torch_dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
-
-
-def _to_f32(t) -> np.ndarray:
-    return t.detach().to("cpu").float().numpy()
 
 
 class Reader:
@@ -110,11 +113,14 @@ class SpecForgeReader(Reader):
     def load(file: Path) -> dict:
         import torch
 
-        opener = gzip.open if file.name.endswith(".gz") else open
-        with opener(file, "rb") as f:
-            buf = io.BytesIO(f.read())
         try:
-            data = torch.load(buf, weights_only=True, map_location="cpu")
+            if file.name.endswith(".gz"):
+                with gzip.open(file, "rb") as f:
+                    data = torch.load(io.BytesIO(f.read()), weights_only=True, map_location="cpu")
+            elif zipfile.is_zipfile(file):  # mapped, not copied: the accumulators read the pages once
+                data = torch.load(file, weights_only=True, map_location="cpu", mmap=True)
+            else:  # torch.save's legacy format cannot be mapped
+                data = torch.load(file, weights_only=True, map_location="cpu")
         except Exception as exc:  # weights_only refuses pickled code: say so instead of a traceback
             raise LayoutError(
                 f"{file}: not a SpecForge tensor dict loadable with weights_only=True ({exc})"
@@ -150,10 +156,10 @@ class SpecForgeReader(Reader):
         t = aux.shape[0]
         extras = {}
         if "hidden_state" in data:  # SpecForge keeps the post-final-norm state (the LM head input)
-            extras["final_norm"] = _to_f32(self._squeeze(data["hidden_state"]).reshape(t, -1))
+            extras["final_norm"] = self._squeeze(data["hidden_state"]).reshape(t, -1)
         yield Record(
             key=f"{self.rel(file)}:0",
-            slots=_to_f32(aux).reshape(t, num_slots, hidden),
+            slots=aux.reshape(t, num_slots, hidden),
             positions=np.arange(t),
             extras=extras,
         )
@@ -207,14 +213,14 @@ class SpeculatorsReader(Reader):
         t, layers, h = hs.shape
         if h != hidden:
             raise LayoutError(f"{file}: hidden size {h}, expected {hidden}")
-        x = _to_f32(hs)
         idx = list(range(num_slots)) if layer_index is None else list(layer_index)
         if max(idx) >= layers:
             raise LayoutError(f"{file}: holds {layers} layers, slots need layer {max(idx)}")
-        extras = {f"layer:{i}": x[:, i] for i in range(layers) if i not in idx}
+        extras = {f"layer:{i}": hs[:, i] for i in range(layers) if i not in idx}
         if final is not None:
-            extras["final_norm"] = _to_f32(final).reshape(t, h)
-        yield Record(key=f"{self.rel(file)}:0", slots=x[:, idx], positions=np.arange(t), extras=extras)
+            extras["final_norm"] = final.reshape(t, h)
+        slots = hs[:, : len(idx)] if idx == list(range(len(idx))) else hs[:, idx]  # a view when it can
+        yield Record(key=f"{self.rel(file)}:0", slots=slots, positions=np.arange(t), extras=extras)
 
 
 class CaptureReader(Reader):
@@ -243,6 +249,8 @@ class CaptureReader(Reader):
         )
 
     def records(self, file: Path, num_slots: int, hidden: int) -> Iterator[Record]:
+        import torch
+
         manifest = capture_format.CaptureManifest(
             **{**self.manifest.__dict__, "shards": [{"file": file.name}]}
         )
@@ -253,7 +261,7 @@ class CaptureReader(Reader):
             pos = shard.positions if (shard.positions >= 0).all() else None
             yield Record(
                 key=f"{name}:0",
-                slots=shard.features.reshape(n, num_slots, hidden),
+                slots=torch.from_numpy(shard.features.reshape(n, num_slots, hidden)),
                 positions=pos,
                 accept_lengths=shard.accept_lengths,
             )

@@ -73,7 +73,8 @@ def other_domain(testbed, target_info) -> StatePool:
     seqs = []
     for f in dump.reader.files():
         for rec in dump.records(f):
-            seqs.append(np.concatenate([rec.slots, rec.extras["final_norm"][:, None]], axis=1)[1:])
+            x = [rec.slots.float().numpy(), rec.extras["final_norm"][:, None].float().numpy()]
+            seqs.append(np.concatenate(x, axis=1)[1:])
     return StatePool([*dump.slot_sources, "final_norm"], seqs)
 
 

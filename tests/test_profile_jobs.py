@@ -119,11 +119,9 @@ def _run(
 
 
 def test_indexed_job_command_lines_run_locally_and_merge_to_the_single_build(
-    build_job: dict[str, Any], merge_job: dict[str, Any], tmp_path: Path
+    build_job: dict[str, Any], merge_job: dict[str, Any], testbed, tmp_path: Path
 ) -> None:
-    from hs_tracer.testbed.build import ensure_testbed
-
-    tb = ensure_testbed(progress=False)
+    tb = testbed
     n = 3
     build_job["spec"]["completions"] = build_job["spec"]["parallelism"] = n  # what a user changes
     for var in _container(build_job)["env"]:
@@ -172,11 +170,9 @@ def test_indexed_job_command_lines_run_locally_and_merge_to_the_single_build(
         np.testing.assert_array_equal(merged.pieces[key], single.pieces[key])
 
 
-def test_resume_rebuilds_when_the_shard_files_change(tmp_path: Path) -> None:
+def test_resume_rebuilds_when_the_shard_files_change(testbed, tmp_path: Path) -> None:
     """A shard is skipped only when it was built from the same files: touching one file rebuilds it."""
-    from hs_tracer.testbed.build import ensure_testbed
-
-    tb = ensure_testbed(progress=False)
+    tb = testbed
     data = tmp_path / "sf" / "rows_0-2000"
     data.mkdir(parents=True)
     for f in sorted(tb.specforge_data.rglob("data_*.ckpt"))[:4]:

@@ -100,7 +100,9 @@ def test_human_output_one_line_per_finding(
         "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
     )
     assert code == 1
-    lines = [x for x in out.splitlines() if x.strip().startswith("[")]
+    first = out.splitlines()[0]
+    assert first.startswith("[critical] root cause: --speculative-algorithm EAGLE")
+    lines = [x for x in out.splitlines() if x.strip().startswith("[") and "root cause" not in x]
     assert len(lines) == 1 and "[critical] draft_input_width_mismatch" in lines[0] and "fix:" in lines[0]
     assert "status: miswired" in out
 

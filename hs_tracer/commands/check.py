@@ -74,6 +74,7 @@ def human(result) -> str:
     d, t, e = s["draft"], s["target"], s["engine"]
     spec = e["spec_args"]
     lines = [
+        *result.report.causes_human(),
         f"draft:  {d['path']} ({d['format']}, {d['architecture'] or 'no architecture'}), fc in "
         f"{d['fc_in_features']}, layer ids {d['layer_ids']} [{d['layer_ids_location']}]",
         f"target: {t['architecture']} (SGLang's {t['family']} layer-id rule), {t['num_layers']} layers, "
@@ -88,7 +89,7 @@ def human(result) -> str:
         origin = (f" (profile: {prov.get('producer')} data, ids {prov.get('layer_ids')} in the "
                   f"{prov.get('convention')} convention)") if prov else ""
         lines.append(f"trained on: {s['trained_sources']}{origin}")
-    lines.append(result.report.human())
+    lines.append(result.report.human(lead=False))
     return "\n".join(lines)
 
 

@@ -94,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ProfileError, LayoutError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
-    report = result.report
-    report.acceptance = live.acceptance
+    from hs_tracer.diagnosis.verdict import live_report
+
+    report = live_report([], result.report, live.acceptance, profile)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

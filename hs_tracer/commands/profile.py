@@ -67,6 +67,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="skip token positions below this (default 1: the BOS / attention-sink position)",
     )
     b.add_argument(
+        "--expected-sequences",
+        type=int,
+        default=64,
+        help="with --draft and --target: training sequences the draft runs on to measure its expected "
+        "acceptance (default 64; 0: do not measure)",
+    )
+    b.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress (default: a bar on a terminal, else a line with tokens/s and ETA every minute)",
@@ -225,6 +232,12 @@ def run_build(args: argparse.Namespace) -> int:
         raise UsageError(f"--atlas {args.atlas}", f"hidden size {profile.atlas.stats.hidden} but the "
                          f"data is of hidden size {profile.slots.hidden}",
                          "pass the atlas dump of the same target")
+    from hs_tracer.profile import expectation
+
+    profile.meta["training_vocab_map"] = expectation.training_vocab_map(args.sources[0])
+    if args.draft and args.target and args.expected_sequences > 0:
+        profile.meta["expected_acceptance"] = expectation.measure_or_note(
+            args.draft, args.target, args.sources, sequences=args.expected_sequences)
     from hs_tracer.diagnosis.calibration import profile_findings
 
     findings = profile_findings(profile)  # before writing: nothing is written unless all of it succeeds

@@ -38,6 +38,8 @@ class Code(str, enum.Enum):
     DRAFT_FORMAT = "draft_format"  # draft format / architecture / config flag the engine cannot serve
     DRAFT_SHAPE_MISMATCH = "draft_shape_mismatch"  # a draft weight whose shape the engine will reject
     INSUFFICIENT_DATA = "insufficient_data"  # info: too few tokens (or no profile) to decide yet
+    NORM_FLAGS = "norm_flags"  # a draft normalisation flag the engine applies differently from training
+    FEATURES_FROM_OTHER_REQUESTS = "features_from_other_requests"  # right layers, other requests' tokens
 
 
 NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)
@@ -129,12 +131,19 @@ class Report:
         """Exit status: 0 healthy, 1 critical findings (2 is for usage errors, raised elsewhere)."""
         return 1 if any(f.severity is Severity.CRITICAL for f in self.findings) else 0
 
+    def root_causes(self) -> list[Any]:
+        """The findings grouped by the cause they share, critical first (:mod:`.causes`)."""
+        from hs_tracer.diagnosis.causes import group
+
+        return group(self.findings)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "slots": [s.to_json() for s in self.slots],
             "acceptance": self.acceptance.to_json() if self.acceptance else None,
             "findings": [f.to_json() for f in self.findings],
+            "root_causes": [r.to_json() for r in self.root_causes()],
         }
 
     @classmethod
@@ -154,8 +163,19 @@ class Report:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
 
-    def human(self) -> str:
-        lines = [f"status: {self.status}"]
+    def causes_human(self) -> list[str]:
+        """The root causes, one line each with its fix under it (what the human output leads with)."""
+        lines = []
+        for r in self.root_causes():
+            lines.append(f"[{r.severity.value}] root cause: {r.summary}")
+            if r.fix:
+                lines.append(f"  fix: {r.fix}")
+        return lines
+
+    def human(self, lead: bool = True) -> str:
+        """Root causes first (unless the caller printed them already), then status, slots, evidence."""
+        lines = self.causes_human() if lead else []
+        lines.append(f"status: {self.status}")
         for s in self.slots:
             mark = "" if s.expected_source == s.observed_source else "   <-- mismatch"
             lines.append(
@@ -167,5 +187,7 @@ class Report:
             rates = ", ".join(f"{r:.2f}" for r in a.per_position_rate)
             lines.append(f"  acceptance: {a.steps} steps, mean accept length {a.mean_accept_length:.2f}"
                          f", per-position rate [{rates}]")
-        lines.extend("  " + f.one_line() for f in self.findings)
+        if self.findings:
+            lines.append("  evidence:")
+        lines.extend("    " + f.one_line() for f in self.findings)
         return "\n".join(lines)

@@ -188,9 +188,9 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
     if w.ids_location is IdsLocation.NONE:
         return [Finding(
             Code.LAYER_IDS_IGNORED, Severity.WARNING,
-            f"the draft config names no aux layer ids: SGLang captures its default {_fmt(default)}; a draft "
-            "trained on other layers gets the wrong features with no error (vllm PR #50170: acceptance "
-            "1.2% instead of 59%)",
+            f"the draft config names no aux layer ids, so each side uses its own default. {_defaults(w)} "
+            "A draft trained on other layers gets the wrong features with no error (vllm PR #50170: "
+            "acceptance 1.2% instead of 59%)",
             "write the training layer ids into eagle_config.eagle_aux_hidden_state_layer_ids, or compare "
             "with the training profile (--profile)",
             observed=_fmt(default), details={"confirmable": True})]
@@ -202,6 +202,20 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
             "keep one list (nested for SGLang) or make both name the same layers",
             details={"top_level_ids": w.top_level_layer_ids, "nested_ids": w.engine_layer_ids})]
     return []
+
+
+def _defaults(w: Wiring) -> str:
+    """What SGLang and the trainers use when a draft config names no ids, on this target, said out."""
+    n = w.num_layers
+    served = src.sglang_sources(None, w.family, n)
+    parts = [f"SGLang 0.5.23 captures layers_to_capture {served.layers_to_capture} (its [2, N//2, N-3]"
+             f"{' + 1' if w.family is src.Family.PLUS_ONE_ALWAYS else ''}, N = {n}) = {_fmt(served.sources)}"]
+    for name, conv in (("SpecForge", src.Convention.SPECFORGE), ("speculators", src.Convention.SPECULATORS)):
+        ids = src.default_ids(conv, n)
+        trained = _sources_or_none(ids, conv, n) or []
+        same = "the same layers" if trained == served.sources else "OTHER layers"
+        parts.append(f"the {name} trainer's default ids {ids} ({conv.value}) = {_fmt(trained)}: {same}")
+    return "; ".join(parts) + "."
 
 
 def _sources_or_none(ids: Sequence[int], convention: src.Convention, num_layers: int) -> list[str] | None:
@@ -228,12 +242,13 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             details=details))
     if cap.unreachable:
         outcome = ("DeepSeek's capture packer raises at the first forward" if cap.fails_at_forward
-                   else "they are silently not captured")
+                   else "they are silently not captured and the draft gets fewer states")
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.CRITICAL,
             f"layers_to_capture {cap.layers_to_capture} has ids {cap.unreachable} outside the "
-            f"{w.num_layers}-layer target's loop; {outcome}",
-            f"use ids within 0..{w.num_layers - 1} in SGLang's draft-config convention",
+            f"{w.num_layers}-layer target's loop; {outcome}.{_boundary(w)}",
+            f"use ids within 0..{w.num_layers - 1} in SGLang's draft-config convention; the output of the "
+            "last block is capturable only on gpt-oss (id N at its final norm)",
             details=details))
     if ids is not None and list(ids) != sorted(ids):
         findings.append(Finding(
@@ -262,19 +277,39 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
     return findings
 
 
-def check_against_training(w: Wiring, trained_sources: Sequence[str]) -> list[Finding]:
-    """The engine's sources per slot vs the sources the draft was trained on (the profile)."""
+def _boundary(w: Wiring) -> str:
+    """Why an out-of-range id was written, and what other engines do with it."""
+    ids = list(w.engine_layer_ids or [])
+    n = w.num_layers
+    notes = []
+    if any(v >= n for v in ids):
+        notes.append(f" An id >= {n} (the layer count) is usually a \"boundary\" index meant as the last "
+                     "block's "
+                     "output or the final state: engines differ (SGLang DeepSeek fails at the first forward, "
+                     "SGLang Llama captures nothing for it, gpt-oss captures the pre-norm final state, "
+                     "trainers may have fed the final norm's output).")
+    if any(v < 0 for v in ids):
+        notes.append(" A negative id is SpecForge's C_out spelling of the embedding (-1); SGLang never "
+                     "captures a negative layer.")
+    return "".join(notes)
+
+
+def check_against_training(w: Wiring, trained_sources: Sequence[str], origin: str = "") -> list[Finding]:
+    """The engine's sources per slot vs the sources the draft was trained on (the profile, or the
+    draft's own ids read in their producer's convention: ``origin`` says which)."""
     if not w.aux_enabled:
         return []
     fed = capture(w).sources
     trained = list(trained_sources)
+    details = {"fed": list(fed), "trained": trained, "ids": w.engine_layer_ids}
     if len(fed) != len(trained):
         return [Finding(
             Code.LAYER_ID_CONVENTION, Severity.CRITICAL,
             f"the engine feeds {len(fed)} slots {_fmt(fed)}, the draft was trained on {len(trained)} "
-            f"{_fmt(trained)}",
-            "make eagle_config.eagle_aux_hidden_state_layer_ids name the training layers",
-            expected=_fmt(trained), observed=_fmt(fed))]
+            f"{_fmt(trained)}{origin}",
+            _ids_fix(w, trained) if ids_for_sources(w, trained) is not None
+            else "make eagle_config.eagle_aux_hidden_state_layer_ids name the training layers",
+            expected=_fmt(trained), observed=_fmt(fed), details=details)]
     findings = []
     ids_fix = _ids_fix(w, trained)
     for slot, (want, got) in enumerate(zip(trained, fed, strict=True)):
@@ -282,9 +317,17 @@ def check_against_training(w: Wiring, trained_sources: Sequence[str]) -> list[Fi
             continue
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.CRITICAL,
-            f"slot {slot} will be fed {got}; the draft was trained on {want}",
-            ids_fix, slot=slot, expected=want, observed=got))
+            f"slot {slot} will be fed {got}; the draft was trained on {want}{origin}",
+            ids_fix, slot=slot, expected=want, observed=got, details=details))
     return findings
+
+
+def inferred_training(w: Wiring) -> list[str] | None:
+    """Without a profile: the trained sources as the draft's nested ids mean them in their producer's
+    convention (SpecForge writes eagle_config ids as block outputs, C_out)."""
+    if w.engine_layer_ids is None or w.ids_location not in (IdsLocation.NESTED, IdsLocation.BOTH):
+        return None
+    return _sources_or_none(w.engine_layer_ids, src.Convention.SPECFORGE, w.num_layers)
 
 
 def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
@@ -362,8 +405,25 @@ def check_widths(w: Wiring) -> list[Finding]:
     return findings
 
 
+_CONFIG_CODES = (Code.LAYER_IDS_IGNORED, Code.LAYER_ID_CONVENTION)
+BITES = ("What SGLang feeds on this target matches the training profile, so it does not bite today; it bites "
+         "on a target with another layer count or an engine release that reads the ids another way.")
+
+
+def served_right(findings: list[Finding], why: str) -> list[Finding]:
+    """Config findings that do not change what is served: critical -> warning naming when they bite."""
+    return [replace(f, severity=Severity.WARNING, message=f"{f.message} {why}",
+                    details={**f.details, "served_matches_training": True})
+            if f.code in _CONFIG_CODES and f.severity is Severity.CRITICAL else f for f in findings]
+
+
 def check_wiring(w: Wiring, trained_sources: Sequence[str] | None = None) -> list[Finding]:
-    """All static wiring checks; ``trained_sources`` (canonical, per slot) from the profile when known."""
+    """All static wiring checks; ``trained_sources`` (canonical, per slot) from the profile when known.
+
+    Severity follows what is served: with a profile, a config fault whose served sources still equal
+    the trained ones is a warning; without one, the draft's nested ids read in SpecForge's convention
+    stand in for the training provenance.
+    """
     findings = check_algorithm(w)
     findings += check_layer_id_location(w)
     findings += check_layer_ids(w)
@@ -374,6 +434,13 @@ def check_wiring(w: Wiring, trained_sources: Sequence[str] | None = None) -> lis
             settled = " The training profile confirms these are the layers the draft was trained on."
             findings = [replace(f, severity=Severity.INFO, fix="", message=f.message + settled)
                         if f.details.get("confirmable") else f for f in findings]
+            findings = served_right(findings, BITES)
         findings += against
+    else:
+        inferred = inferred_training(w)
+        if inferred is not None and w.aux_enabled and not capture(w).unreachable:
+            findings += check_against_training(
+                w, inferred, " (the draft's eagle_config ids read as SpecForge block outputs; confirm with "
+                "--profile)")
     findings += check_widths(w)
     return findings

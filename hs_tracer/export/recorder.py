@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.diagnosis.findings import Acceptance, Report
+from hs_tracer.diagnosis.findings import Acceptance, Code, Report
 from hs_tracer.fingerprint.stats import ChannelStats
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class Recorder(threading.Thread):
         self.nonfinite: int = 0  # non-finite values in the draft input, all steps so far
         self._exported_findings: set[tuple[Any, ...]] = set()
         self.profile: Profile | None = None
+        self.judged: Report | None = None  # the latest window's diagnosis against the profile
         self.report = Report(findings=list(st.static_findings))
         self._report_lock = threading.Lock()
         self._prom: Any = None
@@ -138,8 +139,7 @@ class Recorder(threading.Thread):
         self._prom.record_step(rec)
         if self._otel is not None:
             self._otel.record_step(rec, rec.trace_ctxs)
-        with self._report_lock:
-            self.report.acceptance = self.acceptance.summary()
+        self._judge()
 
     def _on_window(self) -> bool:
         """Fold a finished fingerprint window in and re-diagnose. True if the report changed."""
@@ -166,20 +166,27 @@ class Recorder(threading.Thread):
         judged = detailed.report
         # Drift score per slot, the diagnosis's own (docs/diagnosis.md); the drift alert uses it.
         drift = [m.drift_score for m in detailed.matches]
-        static = list(self.st.static_findings)
-        seen = {(f.code, f.slot) for f in static}
-        live_findings = [f for f in judged.findings if (f.code, f.slot) not in seen]
-        for f in live_findings:
-            key = (f.code, f.slot, f.observed)
-            if key not in self._exported_findings:
-                self._exported_findings.add(key)
-                self._prom.record_finding(f)
         self._prom.record_slots(judged.slots, drift)
         if self._otel is not None:
             self._otel.record_slots(judged.slots)
+        self.judged = judged
+        self._judge()
+
+    def _judge(self) -> None:
+        """The verdict over static findings, the latest window and acceptance so far
+        (:func:`hs_tracer.diagnosis.verdict.live_report`); new findings go to Prometheus once."""
+        from hs_tracer.diagnosis.verdict import live_report
+
+        report = live_report(self.st.static_findings, self.judged, self.acceptance.summary(), self.profile,
+                             self.st.draft_config)
+        static = {(f.code, f.slot) for f in self.st.static_findings}
+        for f in report.findings:
+            key = (f.code, f.slot, None if f.code is Code.ACCEPTANCE_DROP else f.observed)
+            if (f.code, f.slot) not in static and key not in self._exported_findings:
+                self._exported_findings.add(key)
+                self._prom.record_finding(f)
         with self._report_lock:
-            self.report = Report(slots=judged.slots, acceptance=self.acceptance.summary(),
-                                 findings=static + live_findings)
+            self.report = report
 
     def _export_health(self) -> None:
         st = self.st

@@ -7,8 +7,9 @@ compares the sources with what SGLang will capture; the depth and width must be 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.profile.model import Profile, ProfileError
@@ -25,6 +26,7 @@ class TrainedProvenance:
     hidden_size: int
     target_arch: str | None
     producer: str | None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def read_provenance(path: str | Path) -> TrainedProvenance:
@@ -38,6 +40,7 @@ def read_provenance(path: str | Path) -> TrainedProvenance:
             hidden_size=int(meta["hidden_size"]),
             target_arch=meta.get("target_arch"),
             producer=meta.get("producer"),
+            meta=meta,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"{path}: profile metadata lacks sources/hidden_size ({exc})") from exc

@@ -103,6 +103,21 @@ def _vocab_findings(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint, 
     return findings + check_vocab_mapping(d2t, t2d, draft_vocab, target_vocab)
 
 
+def _against_profile(draft: DraftConfig, ckpt: Checkpoint, d2t_keys: list[str],
+                     meta: dict[str, Any]) -> list[Finding]:
+    """What the profile recorded about the draft as trained: its vocabulary map and norm flags."""
+    from hs_tracer.diagnosis.norm_flags import check_norm_flags
+    from hs_tracer.preflight.vocab_map import check_against_training_map
+    from hs_tracer.profile.expectation import of_profile
+
+    d2t = ckpt.load_small(d2t_keys[-1]) if d2t_keys else None
+    findings = check_against_training_map(d2t, meta)
+    expected = of_profile(meta)
+    if expected is not None:
+        findings += check_norm_flags(draft.raw, expected.draft_flags)
+    return findings
+
+
 def run_check(
     draft_dir: str | Path,
     target: str | Path,
@@ -147,6 +162,8 @@ def run_check(
         d2t_keys = [k for k, r in plan.routes.items() if r.kind == "d2t"]
         t2d_keys = [k for k, r in plan.routes.items() if r.kind == "t2d"]
     findings += _vocab_findings(draft, tgt, ckpt, d2t_keys, t2d_keys)
+    if provenance is not None:
+        findings += _against_profile(draft, ckpt, d2t_keys, provenance.meta)
 
     if spec is None:
         requested = dict(server_args or {})

@@ -121,3 +121,23 @@ def check_vocab_mapping(
                 "rebuild both from the same token list (t2d = mask of arange(len(d2t)) + d2t)",
                 t2d_count=int(t2d_ids.shape[0]), d2t_count=n))
     return findings
+
+
+def check_against_training_map(d2t: np.ndarray | None, profile_meta: dict) -> list[Finding]:
+    """The checkpoint's d2t vs the vocabulary map of the draft's training data (kept by ``profile
+    build`` as a digest): a d2t regenerated after training maps every lm_head row to another token."""
+    from hs_tracer.profile.expectation import digest
+
+    trained = (profile_meta or {}).get("training_vocab_map")
+    if not trained or d2t is None:
+        return []
+    d2t = np.asarray(d2t)
+    if d2t.ndim != 1 or not np.issubdtype(d2t.dtype, np.integer) or digest(d2t) == trained["d2t_sha256"]:
+        return []
+    return [_bad(
+        f"d2t differs from the vocabulary map of the draft's training data ({trained['path']}, "
+        f"{trained['draft_vocab']} tokens): the lm_head rows were trained for the tokens of that map, so "
+        "this d2t (regenerated after training, e.g. on new data) turns the draft's right predictions into "
+        "wrong tokens and acceptance collapses while the features stay right",
+        "ship the d2t (and t2d) the draft was trained with (the training run's vocab_mapping), or retrain "
+        "the lm_head for the new map", training_map=trained["path"])]

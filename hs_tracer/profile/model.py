@@ -25,6 +25,7 @@ import numpy as np
 
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.inputs.outputs import atomic_write
+from hs_tracer.profile import expectation
 from hs_tracer.profile.accumulate import merge_piece_arrays
 
 FORMAT = "hs_tracer_profile"
@@ -85,6 +86,10 @@ class Profile:
         return int(self.meta["tokens"])
 
     @property
+    def expected_acceptance(self) -> expectation.ExpectedAcceptance | None:
+        return expectation.of_profile(self.meta)
+
+    @property
     def expected_width(self) -> int:
         return self.num_slots * self.hidden_size
 
@@ -102,6 +107,12 @@ class Profile:
             lines.append(f"  extra candidates from the data: {', '.join(self.extras.names)}")
         if self.atlas is not None:
             lines.append(f"  atlas: {len(self.atlas.names)} sources, {m['atlas']['tokens']} tokens")
+        exp = m.get("expected_acceptance")
+        if exp:
+            rates = ", ".join(f"{r:.2f}" for r in exp["per_position_rate"])
+            lines.append(f"  expected acceptance: mean accept length {exp['mean_accept_length']:.2f}, per"
+                         " position"
+                         f" [{rates}] ({exp['rows']} rows of {exp['sequences']} training sequences)")
         if m.get("shards") and not m.get("complete", True):
             lines.append(f"  INCOMPLETE: shards {m['shards']} of {m['shard_count']}")
         return "\n".join(lines)
@@ -214,6 +225,8 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
         atlas = atlas.merge(p.atlas, "atlas") if atlas and p.atlas else atlas
         for key in ("tokens", "records", "files", "nonfinite_values", "skipped_tokens"):
             meta[key] = int(meta.get(key, 0)) + int(p.meta.get(key, 0))
+        meta["expected_acceptance"] = expectation.merge(meta.get("expected_acceptance"),
+                                                         p.meta.get("expected_acceptance"))
         if meta.get("atlas"):
             meta["atlas"] = {**meta["atlas"], "tokens": meta["atlas"]["tokens"] + p.meta["atlas"]["tokens"]}
     meta["shards"] = sorted(shards)

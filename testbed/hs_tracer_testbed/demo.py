@@ -58,6 +58,7 @@ class Run:
             "slots": diag.get("slots", []),
             "acceptance": diag.get("acceptance"),
             "findings": diag.get("findings", []),
+            "root_causes": diag.get("root_causes", []),
             "target": str(self.target),
             "draft": str(self.draft) if self.draft else None,
             "wiring": next((r.get("wiring") for r in self.schedulers if r.get("wiring")), None),
@@ -185,6 +186,9 @@ def human(runs: list[Run]) -> str:
     for r in runs:
         d = r.to_json()
         lines.append(f"== {r.name}: draft {r.draft or '(none: plain decoding)'}")
+        for c in d["root_causes"]:
+            lines.append(f"   [{c['severity']}] root cause: {c['summary']}")
+            lines.append(f"       fix: {c['fix']}")
         w = d["wiring"] or {}
         if w:
             lines.append(f"   wiring: {w.get('target_arch')} with {w.get('num_layers')} layers, hidden "

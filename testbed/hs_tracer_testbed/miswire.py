@@ -1,8 +1,11 @@
-"""Real EAGLE-3 misconfigurations, made the way they happen: by editing the draft's config.json.
+"""Real EAGLE-3 misconfigurations, made the way they happen: by editing the draft's config.json, or
+its vocabulary map.
 
-Each scenario copies a draft directory and changes only its ``config.json``; the weights are
-shared by symlink. SGLang then silently feeds the draft other features, which is what hs_tracer
-must catch. Used by the demo and the end-to-end tests (docs/testbed.md lists them).
+A config scenario copies a draft directory and changes only its ``config.json``; the weights are
+shared by symlink. SGLang then silently feeds the draft other features (or applies other norms),
+which is what hs_tracer must catch. A vocabulary scenario rewrites ``model.safetensors`` with
+another ``d2t`` (or none): the features stay right and only the tokens go wrong. Used by the demo
+and the end-to-end tests (docs/testbed.md lists them).
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ SCENARIOS: dict[str, Edit] = {
     "ids_shifted": _ids_shifted,
 }
 
+# Vocabulary scenarios: a new d2t (or None: drop d2t/t2d) for the draft's checkpoint.
+VOCAB_SCENARIOS: dict[str, str] = {
+    "d2t_regenerated": "d2t rebuilt from another corpus's token frequencies (as after fine-tuning on new "
+                       "data): valid diffs in range, but no longer the tokens the lm_head rows were "
+                       "trained for",
+    "d2t_missing": "no d2t in the checkpoint: SGLang maps draft id i to target id i",
+}
+
 
 def fed_sources(trained: Sequence[str]) -> dict[str, list[str]]:
     """The miswiring catalogue as what each miswiring feeds the draft, slot by slot (canonical
@@ -66,8 +77,49 @@ def fed_sources(trained: Sequence[str]) -> dict[str, list[str]]:
 
 
 def describe(name: str) -> str:
+    if name in VOCAB_SCENARIOS:
+        return VOCAB_SCENARIOS[name]
     doc = SCENARIOS[name].__doc__ or ""
     return " ".join(doc.split())
+
+
+def regenerated_d2t(tb: Any, docs: int = 400) -> Any:
+    """The testbed draft's d2t as SpecForge would regenerate it from the other domain's documents."""
+    import json as _json
+
+    from hs_tracer.testbed import corpus, dumps
+    from hs_tracer.testbed.target import encode
+
+    cfg = _json.loads((Path(tb.draft) / "config.json").read_text())
+    toks = encode(corpus.documents(4321, docs, "other"))
+    return dumps.vocab_mapping(toks, cfg["vocab_size"], cfg["draft_vocab_size"])["d2t"]
+
+
+def write_vocab_variant(draft: Path, out: Path, d2t: Any | None) -> Path:
+    """Copy ``draft`` to ``out`` with ``d2t`` replaced (None: d2t and t2d removed)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for item in draft.iterdir():
+        if item.suffix != ".safetensors":
+            (out / item.name).symlink_to(item.resolve())
+    for f in sorted(draft.glob("*.safetensors")):
+        weights = load_file(str(f))
+        if "d2t" in weights:
+            if d2t is None:
+                weights.pop("d2t")
+                weights.pop("t2d", None)
+            else:
+                weights["d2t"] = torch.as_tensor(d2t, dtype=torch.long)
+                t2d = torch.zeros_like(weights["t2d"]) if "t2d" in weights else None
+                if t2d is not None:
+                    t2d[weights["d2t"] + torch.arange(weights["d2t"].shape[0])] = True
+                    weights["t2d"] = t2d
+        save_file(weights, str(out / f.name), metadata={"format": "pt"})
+    return out
 
 
 def write_variant(draft: Path, out: Path, scenario: str) -> Path:

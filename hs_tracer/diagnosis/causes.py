@@ -1,0 +1,115 @@
+"""Root causes: the findings that share one cause, with the one fix an on-call engineer applies.
+
+Why: one wrong id list shows as a convention finding per slot, a live mismatch per slot, warnings
+about the id rule and an acceptance collapse, each with its own fix. They are one cause. Grouping is
+by finding code (plus an explicit ``details["cause"]``), and the symptom joins its cause: an
+``acceptance_drop`` sits under the wiring when the features are wrong, under the vocabulary map or
+the norm flags when those were found, and stands alone (naming the non-wiring causes in order)
+otherwise. Info findings (``insufficient_data``, settled warnings) are evidence, never a cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hs_tracer.diagnosis.findings import Code, Finding, Severity
+
+LAYER_IDS = "layer_ids"
+INPUT_WIDTH = "draft_input_width"
+FEATURES = "features"
+VOCABULARY = "vocabulary_map"
+NORM_FLAGS = "norm_flags"
+ACCEPTANCE = "acceptance"
+
+_BY_CODE = {
+    Code.LAYER_IDS_IGNORED: LAYER_IDS,
+    Code.LAYER_ID_CONVENTION: LAYER_IDS,
+    Code.SLOT_SOURCE_MISMATCH: FEATURES,
+    Code.DRAFT_INPUT_WIDTH_MISMATCH: INPUT_WIDTH,
+    Code.D2T_INVALID: VOCABULARY,
+    Code.NORM_FLAGS: NORM_FLAGS,
+    Code.ACCEPTANCE_DROP: ACCEPTANCE,
+}
+# Where a symptom goes, first match wins: wiring causes, then the non-wiring ones in likelihood order.
+_SYMPTOM_HOSTS = (LAYER_IDS, INPUT_WIDTH, FEATURES, Code.FEATURES_FROM_OTHER_REQUESTS.value, VOCABULARY,
+                  NORM_FLAGS)
+_RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+@dataclass
+class RootCause:
+    cause: str
+    severity: Severity
+    summary: str
+    fix: str
+    findings: list[int]  # indices into the report's findings
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cause": self.cause, "severity": self.severity.value, "summary": self.summary,
+                "fix": self.fix, "findings": list(self.findings)}
+
+
+def cause_of(f: Finding) -> str:
+    return str(f.details.get("cause") or _BY_CODE.get(f.code) or f.code.value)
+
+
+def group(findings: list[Finding]) -> list[RootCause]:
+    """Root causes of ``findings`` (critical first, then warnings)."""
+    members: dict[str, list[int]] = {}
+    for i, f in enumerate(findings):
+        if f.severity is Severity.INFO:
+            continue
+        members.setdefault(cause_of(f), []).append(i)
+    # slot mismatches explained by the id list are the same cause
+    if LAYER_IDS in members and FEATURES in members and _critical(findings, members[LAYER_IDS]):
+        members[LAYER_IDS] += members.pop(FEATURES)
+    if ACCEPTANCE in members:
+        host = next((c for c in _SYMPTOM_HOSTS if c in members and _critical(findings, members[c])), None)
+        if host is None:
+            host = next((c for c in _SYMPTOM_HOSTS if c in members), None)
+        right = any(findings[i].details.get("features_match") is True for i in members[ACCEPTANCE])
+        if host is None and right:
+            host = VOCABULARY  # features right, nothing else found: the most likely cause
+            members[host] = []
+        if host is not None:
+            members[host] += members.pop(ACCEPTANCE)
+    out = [_root(cause, sorted(idx), findings) for cause, idx in members.items()]
+    return sorted(out, key=lambda r: (_RANK[r.severity], r.findings[0]))
+
+
+def _critical(findings: list[Finding], idx: list[int]) -> bool:
+    return any(findings[i].severity is Severity.CRITICAL for i in idx)
+
+
+def _root(cause: str, idx: list[int], findings: list[Finding]) -> RootCause:
+    fs = [findings[i] for i in idx]
+    severity = min((f.severity for f in fs), key=lambda s: _RANK[s])
+    own = [f for f in fs if f.code is not Code.ACCEPTANCE_DROP] or fs
+    lead = min(own, key=lambda f: (_RANK[f.severity], f.slot is not None))
+    summary, fix = lead.message, lead.fix
+    wiring = next((f for f in own if "fed" in f.details and "trained" in f.details), None)
+    if cause == LAYER_IDS and wiring is not None:
+        d = wiring.details
+        summary = (f"the draft config's layer ids {d.get('ids')} make SGLang feed {_fmt(d['fed'])}; "
+                   "the draft "
+                   f"was trained on {_fmt(d['trained'])}")
+        fix = wiring.fix
+    elif cause == LAYER_IDS:
+        concrete = next((f.fix for f in own if f.fix.startswith("set eagle_config")), None)
+        fix = concrete or fix
+    symptom = next((f for f in fs if f.code is Code.ACCEPTANCE_DROP), None)
+    if cause == VOCABULARY and symptom is lead:
+        summary = ("acceptance collapsed while the draft is fed the features it was trained on: the "
+                   "vocabulary "
+                   f"map (d2t) is the most likely cause (mean accept length {symptom.observed}"
+                   + (f", expected {symptom.expected}" if symptom.expected else "") + ")")
+        fix = ("check the draft's d2t against the training data's map: hs-tracer check --draft D --target T "
+               "--profile P (then norm flags, then sampling settings)")
+    elif symptom is not None and symptom is not lead:
+        summary += f" (symptom: mean accept length {symptom.observed})"
+    return RootCause(cause, severity, summary, fix, idx)
+
+
+def _fmt(sources: list[str]) -> str:
+    return "[" + ", ".join(sources) + "]"

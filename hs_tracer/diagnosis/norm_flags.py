@@ -1,0 +1,68 @@
+"""Draft normalisation flags: which ones the serving engine applies, against the ones the draft was
+measured with.
+
+Why: ``norm_before_fc`` (one RMSNorm over the K*H input), EAGLE-3.1's ``fc_norm`` (per-slot norms
+before fc) and ``norm_output`` (the post-norm hidden as the recurrent state) change the draft's math
+without changing any shape. A flag the engine honours differently from the trainer leaves the
+features right and only acceptance drops. SGLang 0.5.23 (``models/llama_eagle3.py``) reads
+``norm_before_fc`` nested in ``eagle_config`` or at the top level, ``fc_norm`` / ``use_aux_norm`` and
+``norm_output`` only at the top level, and has no ``norm_before_residual`` branch.
+
+The trained flags come from the profile's expected acceptance (the flags the draft config had when
+``profile build`` measured it); without that, :mod:`hs_tracer.preflight.format_checks` still flags a
+flag written where SGLang does not read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hs_tracer.diagnosis.findings import Code, Finding, Severity
+
+FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
+
+
+def written_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:
+    """Each flag as the config states it, wherever the writer put it (nested or top level)."""
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    out = {}
+    for flag in FLAGS:
+        names = (flag, "use_aux_norm") if flag == "fc_norm" else (flag,)
+        out[flag] = any(bool(nested.get(n)) or bool(cfg.get(n)) for n in names)
+    return out
+
+
+def served_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:
+    """Each flag as SGLang 0.5.23 applies it."""
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    return {
+        "norm_before_fc": bool(nested.get("norm_before_fc") or cfg.get("norm_before_fc")),
+        "fc_norm": bool(cfg.get("fc_norm") or cfg.get("use_aux_norm")),
+        "norm_output": bool(cfg.get("norm_output")),
+        "norm_before_residual": False,
+    }
+
+
+def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool] | None) -> list[Finding]:
+    """``norm_flags`` (critical) for every flag the engine applies differently from ``trained``."""
+    if not trained or not draft_config:
+        return []
+    served = served_flags(draft_config)
+    findings = []
+    for flag in FLAGS:
+        if flag not in trained or bool(trained[flag]) == served[flag]:
+            continue
+        where = "eagle_config or the top level" if flag == "norm_before_fc" else "the top level"
+        findings.append(Finding(
+            Code.NORM_FLAGS, Severity.CRITICAL,
+            f"SGLang 0.5.23 serves the draft with {flag}={str(served[flag]).lower()}; its expected "
+            "acceptance "
+            f"was measured with {flag}={str(bool(trained[flag])).lower()}: the features stay right, the "
+            "draft's math changes and acceptance drops",
+            f"set {flag} to {str(bool(trained[flag])).lower()} where SGLang reads it "
+            f"({where})"
+            ", or rebuild the profile if the draft was retrained with it",
+            expected=str(bool(trained[flag])).lower(), observed=str(served[flag]).lower(),
+            details={"flag": flag}))
+    return findings

@@ -1,0 +1,66 @@
+"""The live verdict: static findings, the window's slot findings and acceptance, judged together.
+
+Why one place: severity must follow what is served, and live evidence outranks inference from the
+config. When the live slots match the profile, a config fault that only *could* change the wiring is
+a warning; when acceptance collapses, whether the features match decides what the collapse is
+blamed on (:mod:`hs_tracer.diagnosis.acceptance`, grouped by :mod:`hs_tracer.diagnosis.causes`).
+The online recorder calls :func:`live_report` whenever steps or a window arrive; it is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report, Severity
+from hs_tracer.diagnosis.norm_flags import check_norm_flags
+from hs_tracer.diagnosis.wiring import served_right
+from hs_tracer.profile.model import Profile
+
+LIVE_MATCH = ("The live features match the training profile slot by slot, so this does not bite in what is "
+              "served now; it bites on a target with another layer count or an engine release that reads the "
+              "ids another way.")
+_WIRING_CODES = (Code.LAYER_IDS_IGNORED, Code.LAYER_ID_CONVENTION, Code.DRAFT_INPUT_WIDTH_MISMATCH,
+                 Code.SLOT_SOURCE_MISMATCH)
+
+
+def features_match(judged: Report | None, static: Sequence[Finding]) -> bool | None:
+    """True: every live slot is its trained source; False: a slot or the width is wrong (live, or a
+    critical static wiring finding when no window was judged yet); None: unknown."""
+    slots = judged.slots if judged is not None else []
+    live = list(judged.findings) if judged is not None else []
+    if any(f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in live):
+        return False
+    if slots:
+        return all(s.observed_source == s.expected_source for s in slots)
+    if any(f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in static):
+        return False
+    return None
+
+
+def live_report(
+    static: Sequence[Finding],
+    judged: Report | None,
+    acceptance: Acceptance | None,
+    profile: Profile | None,
+    draft_config: Mapping[str, Any] | None = None,
+    thresholds: AcceptanceThresholds | None = None,
+) -> Report:
+    """The report of a running engine. ``judged``: the latest window's diagnosis (None before the
+    first window or without a profile)."""
+    findings = list(static)
+    seen = {(f.code, f.slot) for f in findings}
+    if judged is not None:
+        findings += [f for f in judged.findings if (f.code, f.slot) not in seen]
+    match = features_match(judged, static)
+    if match is True:
+        findings = served_right(findings, LIVE_MATCH)
+    expected = profile.expected_acceptance if profile is not None else None
+    if expected is not None and draft_config:
+        have = {f.details.get("flag") for f in findings if f.code is Code.NORM_FLAGS}
+        findings += [f for f in check_norm_flags(draft_config, expected.draft_flags)
+                     if f.details.get("flag") not in have]
+    findings += acceptance_findings(acceptance, expected, features_match=match, th=thresholds)
+    return Report(slots=list(judged.slots) if judged is not None else [], acceptance=acceptance,
+                  findings=findings)

@@ -8,6 +8,9 @@ against the expectation measured by `profile build` (and without one). Reported 
 fraction of windows judged a collapse.
 
     python benchmarks/acceptance_drop.py --out benchmarks/results/acceptance_drop.json
+
+The per-request accept lengths are kept in the results (``--runs`` re-judges them without
+regenerating, e.g. after a threshold change).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = (16, 32, 64, 128, 256, 512)
+SIZES = (64, 96, 128, 192, 256)
 
 
 def per_request(target, draft, prompts, c_out_ids, new_tokens, eos) -> list[list[int]]:
@@ -47,17 +50,9 @@ def windows(requests: list[list[int]], n: int, reps: int, rng: np.random.Generat
         yield type(acc)(acc.steps, acc.mean_accept_length, rates[:3])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--prompts", type=int, default=40)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=200)
-    args = ap.parse_args()
-
+def generate(args):
     import torch
 
-    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
     from hs_tracer.draft.model import Eagle3Draft
     from hs_tracer.profile import expectation
     from hs_tracer.testbed import ensure_testbed
@@ -66,30 +61,53 @@ def main() -> None:
     from hs_tracer.testbed.target import encode, load_target
     from hs_tracer.testbed.tokenizer import EOS_ID
 
-    torch.set_num_threads(1)
     tb = ensure_testbed()
     t0 = time.time()
     exp = expectation.measure(tb.draft, tb.target, [tb.specforge_data])
     target = load_target(tb.target)
     draft = Eagle3Draft.from_pretrained(tb.draft, target_dir=tb.target).eval()
-    held = encode(corpus_prompts(seed=77, n=args.prompts, domain="train"), add_eos=False)
-    held2 = encode(corpus_prompts(seed=78, n=args.prompts, domain="train"), add_eos=False)
+    # healthy requests accept ~3 tokens a step, so they need twice the prompts for as many steps
+    held = encode(corpus_prompts(seed=77, n=2 * args.prompts, domain="train"), add_eos=False)
+    held2 = encode(corpus_prompts(seed=78, n=2 * args.prompts, domain="train"), add_eos=False)
     other = encode(corpus_prompts(seed=77, n=args.prompts, domain="other"), add_eos=False)
     good_d2t = draft.d2t.clone()
+    n = args.new_tokens
     runs: dict[str, list[list[int]]] = {}
     with torch.no_grad():
-        runs["healthy_heldout"] = per_request(target, draft, held, [1, 3, 4], args.new_tokens, EOS_ID)
-        runs["healthy_heldout_2"] = per_request(target, draft, held2, [1, 3, 4], args.new_tokens, EOS_ID)
-        runs["other_domain"] = per_request(target, draft, other, [1, 3, 4], args.new_tokens, EOS_ID)
-        runs["ids_shifted"] = per_request(target, draft, held, [-1, 2, 3], args.new_tokens, EOS_ID)
-        runs["off_by_one"] = per_request(target, draft, held, [2, 4, 5], args.new_tokens, EOS_ID)
+        runs["healthy_heldout"] = per_request(target, draft, held, [1, 3, 4], n, EOS_ID)
+        runs["healthy_heldout_2"] = per_request(target, draft, held2, [1, 3, 4], n, EOS_ID)
+        runs["other_domain"] = per_request(target, draft, other, [1, 3, 4], n, EOS_ID)
+        few = held[: args.prompts]
+        runs["ids_shifted"] = per_request(target, draft, few, [-1, 2, 3], n, EOS_ID)
         draft.d2t.copy_(torch.as_tensor(regenerated_d2t(tb)))
-        runs["d2t_regenerated"] = per_request(target, draft, held, [1, 3, 4], args.new_tokens, EOS_ID)
+        runs["d2t_regenerated"] = per_request(target, draft, few, [1, 3, 4], n, EOS_ID)
         draft.d2t.zero_()
-        runs["d2t_missing"] = per_request(target, draft, held, [1, 3, 4], args.new_tokens, EOS_ID)
+        runs["d2t_missing"] = per_request(target, draft, few, [1, 3, 4], n, EOS_ID)
         draft.d2t.copy_(good_d2t)
-    gen_s = time.time() - t0
+    return runs, exp, time.time() - t0
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--runs", type=Path, help="results file whose accept lengths to re-judge")
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+
+    import torch
+
+    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
+    from hs_tracer.profile import expectation
+
+    torch.set_num_threads(1)
+    if args.runs is not None:
+        prev = json.loads(args.runs.read_text())
+        runs, exp = prev["accept_lengths"], expectation.ExpectedAcceptance.from_json(prev["expectation"])
+        gen_s = prev["generate_s"]
+    else:
+        runs, exp, gen_s = generate(args)
     th = AcceptanceThresholds()
     rng = np.random.default_rng(0)
     results: dict[str, dict] = {}
@@ -102,8 +120,7 @@ def main() -> None:
             if n > len(flat):
                 continue
             for key, e in (("with_expectation", exp), ("without_expectation", None)):
-                th_n = AcceptanceThresholds(min_steps=min(n, th.min_steps))
-                hits = sum(bool(acceptance_findings(w, e, th=th_n)) for w in windows(reqs, n, args.reps, rng))
+                hits = sum(bool(acceptance_findings(w, e, th=th)) for w in windows(reqs, n, args.reps, rng))
                 row[key][n] = round(hits / args.reps, 4)
         results[name] = row
     out = {
@@ -111,13 +128,14 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": f"{platform.machine()} {platform.system()}, CPU only, torch threads 1",
         "method": __doc__.split("\n\n")[1].replace("\n", " "),
-        "thresholds": th.__dict__,
+        "thresholds": dict(th.__dict__),
         "expectation": exp.to_json(),
         "reps_per_cell": args.reps,
         "prompts_per_scenario": args.prompts,
         "new_tokens": args.new_tokens,
         "generate_s": round(gen_s, 1),
         "scenarios": results,
+        "accept_lengths": runs,
     }
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     keys = ("mean_accept_length", "with_expectation", "without_expectation")

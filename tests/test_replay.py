@@ -40,8 +40,10 @@ def plan(testbed) -> dict[str, Any]:
     return testbed.load_manifest()["layers"]
 
 
-def _capture(path: Path, records, plan: dict, slots: list[int | str], claimed: list[str], testbed) -> Path:
-    """A capture whose slot i holds training slot ``slots[i]`` (or the token embedding)."""
+def _capture(path: Path, records, plan: dict, slots: list[int | str], claimed: list[str], testbed,
+             roll: int = 0) -> Path:
+    """A capture whose slot i holds training slot ``slots[i]`` (or the token embedding); ``roll``
+    shifts the feature rows against the ids across the whole batch (rows of other requests)."""
     from hs_tracer.draft.model import load_target_embedding
 
     emb = load_target_embedding(testbed.target)
@@ -59,7 +61,7 @@ def _capture(path: Path, records, plan: dict, slots: list[int | str], claimed: l
                                wiring={"configured_layer_ids": plan["draft_config_ids"]})
     writer = CaptureWriter(path, manifest)
     positions = np.concatenate([np.arange(k) for k in lens])
-    writer.write(torch.cat(feats), torch.cat(ids), positions, accept_lengths=[1, 2],
+    writer.write(torch.cat(feats).roll(roll, dims=0), torch.cat(ids), positions, accept_lengths=[1, 2],
                  extras={"extend_lens": lens})
     return path
 
@@ -78,6 +80,16 @@ def test_correct_capture_is_at_training_level(tmp_path, records, plan, testbed) 
     assert r.tokens_only.rate < r.as_served.result.rate  # the features carry information
     assert r.fix == {}
     assert r.trained_sources == plan["aux_sources"]
+
+
+def test_features_of_other_requests_are_named(tmp_path, records, plan, testbed, testbed_profile) -> None:
+    ok = _run(_capture(tmp_path / "ok", records, plan, [0, 1, 2], plan["aux_sources"], testbed), testbed,
+              testbed_profile)
+    assert ok.cause is None
+    cap = _capture(tmp_path / "rolled", records, plan, [0, 1, 2], plan["aux_sources"], testbed, roll=517)
+    r = _run(cap, testbed, testbed_profile)
+    assert r.slot_sources == plan["aux_sources"]  # per slot the statistics are right
+    assert r.status == "miswired" and r.cause["code"] == "features_from_other_requests"
 
 
 def test_permuted_slots_are_found_and_rewired_by_source(tmp_path, records, plan, testbed) -> None:

@@ -5,7 +5,7 @@ requests swings widely. The rule asks whether the live accepted draft tokens per
 below ``collapse_ratio`` times the expected ones:
 
     a = mean accept length - 1                  (accepted draft tokens per verify step)
-    var(a) = sum_i (2i+1) r_i - a^2            (from the cumulative per-position rates r_i)
+    var(a) = max(sum_i (2i+1) r_i - a^2, 1/steps)   (from the cumulative per-position rates r_i)
     upper = a + z * sqrt(var(a) * design / steps)
     critical  iff  steps >= min_steps  and  upper < collapse_ratio * expected
 
@@ -28,7 +28,7 @@ from hs_tracer.profile.expectation import ExpectedAcceptance
 class AcceptanceThresholds:
     min_steps: int = 64  # verify steps before acceptance is judged
     collapse_ratio: float = 0.5  # "far below": fewer than half the expected accepted tokens
-    floor: float = 0.1  # without an expectation: accept length certainly below 1.1
+    floor: float = 0.2  # without an expectation: accept length certainly below 1.2
     z: float = 3.0
     design: float = 4.0  # variance inflation for steps correlated within a request
 
@@ -55,9 +55,8 @@ def bound(live: Acceptance, expected: ExpectedAcceptance | None,
     a = max(live.mean_accept_length - 1.0, 0.0)
     second = sum((2 * i + 1) * r for i, r in enumerate(rates))
     var = max(second - a * a, 0.0)
-    # a window where nothing (or everything) was accepted has zero sample variance; keep one
-    # Bernoulli's worth at the bound's own level so a handful of steps is never "certain"
-    var = max(var, 0.25)
+    # a window where nothing was accepted has zero sample variance: keep one accepted token's worth
+    var = max(var, 1.0 / max(live.steps, 1))
     upper = a + th.z * math.sqrt(var * th.design / max(live.steps, 1))
     if expected is not None:
         exp = expected.accept_length(len(rates) or expected.num_steps) - 1.0
@@ -103,7 +102,8 @@ def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | 
                  "differently from the trainer (check compares them with the flags the expectation was "
                  "measured with); (3) sampling: temperature > 0 or top-p/top-k lower acceptance without "
                  "any fault (compare with a greedy request); (4) prompts unlike the training data "
-                 "(feature_drift on the same slots)")
+                 "(feature_drift on the same slots); (5) rows computed on other requests' tokens (per-slot "
+                 "statistics stay right; hs-tracer replay on a capture names it)")
         fix = ("run `hs-tracer check --draft D --target T --profile P`: a d2t or norm-flag finding names the "
                "cause; if it reports none, replay a capture (hs-tracer replay) with a greedy request")
     else:

@@ -1,0 +1,118 @@
+"""Expected acceptance (profile build) and the live acceptance verdict."""
+
+from __future__ import annotations
+
+import torch
+
+from hs_tracer.diagnosis.acceptance import acceptance_findings
+from hs_tracer.diagnosis.causes import group
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report, Severity, SlotVerdict
+from hs_tracer.diagnosis.verdict import live_report
+from hs_tracer.profile.expectation import ExpectedAcceptance, chain_accepted, training_sequences
+
+EXPECTED = ExpectedAcceptance([0.75, 0.62, 0.56], rows=2767, sequences=64, num_steps=3, draft="d",
+                              draft_config_sha256="x", d2t_sha256="y",
+                              draft_flags={"norm_output": False, "norm_before_fc": False, "fc_norm": False,
+                                           "norm_before_residual": False})
+HEALTHY = Acceptance(steps=200, mean_accept_length=2.8, per_position_rate=[0.72, 0.58, 0.5])
+COLLAPSED = Acceptance(steps=200, mean_accept_length=1.04, per_position_rate=[0.04, 0.0, 0.0])
+
+
+def _sequential(draft, feats, ids, p: int, steps: int) -> list[int]:
+    """Row p the way SGLang drafts it: extend over 0..p, then decode steps on the draft's KV cache."""
+    from hs_tracer.draft.model import KVCache
+
+    cache = KVCache()
+    out = draft(feats[: p + 1], ids[1: p + 2], torch.arange(p + 1), cache)
+    tok = draft.to_target_ids(out.logits[-1:].argmax(-1))
+    chain, hidden = [int(tok)], out.hidden[-1:]
+    for s in range(1, steps):
+        out = draft(hidden, tok, torch.tensor([p + s]), cache)
+        tok = draft.to_target_ids(out.logits.argmax(-1))
+        chain.append(int(tok))
+        hidden = out.hidden
+    return chain
+
+
+def test_batched_chain_equals_the_sequential_draft(testbed) -> None:
+    from hs_tracer.draft.model import Eagle3Draft
+
+    draft = Eagle3Draft.from_pretrained(testbed.draft, target_dir=testbed.target).eval()
+    feats, ids = next(training_sequences(testbed.specforge_data, 1))
+    feats, ids = torch.from_numpy(feats), torch.from_numpy(ids)
+    with torch.no_grad():
+        hits = chain_accepted(draft, feats, ids, 3)
+        assert hits.shape == (ids.shape[0] - 4, 3)
+        for p in range(0, hits.shape[0], 7):
+            chain = _sequential(draft, feats, ids, p, 3)
+            want = []
+            ok = True
+            for s in range(3):
+                ok = ok and chain[s] == int(ids[p + 2 + s])
+                want.append(ok)
+            assert hits[p].tolist() == want, p
+    assert hits[:, 0].float().mean() > 0.5  # the trained draft predicts its training data
+
+
+def test_testbed_profile_carries_its_expectation(testbed_profile) -> None:
+    from hs_tracer.profile.model import Profile
+
+    p = Profile.load(testbed_profile)
+    e = p.expected_acceptance
+    assert e is not None and e.num_steps == 3 and e.rows > 1000
+    assert 2.0 < e.mean_accept_length < 4.0
+    assert e.per_position_rate == sorted(e.per_position_rate, reverse=True)  # cumulative
+    assert e.d2t_sha256 == p.meta["training_vocab_map"]["d2t_sha256"]
+    assert not any(e.draft_flags.values())
+
+
+def test_collapse_far_below_expectation_is_critical() -> None:
+    assert acceptance_findings(HEALTHY, EXPECTED) == []
+    f = acceptance_findings(COLLAPSED, EXPECTED, features_match=True)
+    assert [x.code for x in f] == [Code.ACCEPTANCE_DROP] and f[0].severity is Severity.CRITICAL
+    assert f[0].expected == "2.93" and f[0].observed == "1.04"
+
+
+def test_too_few_steps_decide_nothing() -> None:
+    short = Acceptance(steps=20, mean_accept_length=1.0, per_position_rate=[0.0, 0.0, 0.0])
+    assert acceptance_findings(short, EXPECTED) == []
+
+
+def test_without_expectation_an_accept_length_near_one_is_critical() -> None:
+    assert acceptance_findings(COLLAPSED, None)[0].severity is Severity.CRITICAL
+    assert acceptance_findings(Acceptance(200, 1.6, [0.4, 0.15, 0.05]), None) == []
+
+
+def test_cause_before_symptom() -> None:
+    drop_right = acceptance_findings(COLLAPSED, EXPECTED, features_match=True)
+    assert [r.cause for r in group(drop_right)] == ["vocabulary_map"]
+    assert "vocabulary map (d2t)" in group(drop_right)[0].summary
+    norm = Finding(Code.NORM_FLAGS, Severity.CRITICAL, "norm_output differs", "set norm_output to false")
+    roots = group([norm, *drop_right])
+    assert [r.cause for r in roots] == ["norm_flags"] and roots[0].findings == [0, 1]
+    ids = Finding(Code.LAYER_ID_CONVENTION, Severity.CRITICAL, "slot 0 fed block:0", "set ids", slot=0)
+    drop_wrong = acceptance_findings(COLLAPSED, EXPECTED, features_match=False)
+    assert "not trained on" in drop_wrong[0].message
+    roots = group([ids, *drop_wrong])
+    assert [r.cause for r in roots] == ["layer_ids"] and "symptom" in roots[0].summary
+
+
+def test_live_match_makes_a_config_fault_a_warning() -> None:
+    static = [Finding(Code.LAYER_IDS_IGNORED, Severity.CRITICAL, "ids at the top level", "move them")]
+    judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.1),
+                           SlotVerdict(1, "block:3", "block:3", 0.1)])
+    report = live_report(static, judged, HEALTHY, None)
+    assert report.exit_code == 0 and report.status == "warning"
+    assert "does not bite" in report.findings[0].message
+    mismatch = Report(slots=[SlotVerdict(0, "block:1", "block:0", 0.1)])
+    assert live_report(static, mismatch, HEALTHY, None).exit_code == 1
+
+
+def test_live_norm_flag_differs_from_the_measured_one() -> None:
+    from hs_tracer.profile.model import Profile
+
+    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
+    judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.1)])
+    report = live_report([], judged, COLLAPSED, profile, {"norm_output": True})
+    assert [r.cause for r in report.root_causes()] == ["norm_flags"]
+    assert live_report([], judged, HEALTHY, profile, {"norm_output": False}).exit_code == 0

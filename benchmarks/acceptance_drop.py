@@ -1,6 +1,6 @@
 """Calibrate ``acceptance_drop``: false alarms on healthy runs, detection latency on broken ones.
 
-Method: the CPU testbed's target and draft in plain torch (hs_tracer.testbed.accept.simulate, the
+Method: the CPU testbed's target and draft in plain torch (hs_tracer_testbed.accept.simulate, the
 greedy chain SGLang runs, num_steps 3) generate per-request accept lengths for held-out prompts under
 each scenario. A live window draws whole requests at random (as a live window mixes requests) until
 it holds ``n`` verify steps, cut to ``n``; the rule of hs_tracer.diagnosis.acceptance judges it
@@ -27,7 +27,7 @@ SIZES = (64, 96, 128, 192, 256)
 
 
 def per_request(target, draft, prompts, c_out_ids, new_tokens, eos) -> list[list[int]]:
-    from hs_tracer.testbed.accept import simulate
+    from hs_tracer_testbed.accept import simulate
 
     return [simulate(target, draft, [p], c_out_ids, 3, new_tokens, eos).accept_lengths for p in prompts]
 
@@ -55,11 +55,11 @@ def generate(args):
 
     from hs_tracer.draft.model import Eagle3Draft
     from hs_tracer.profile import expectation
-    from hs_tracer.testbed import ensure_testbed
-    from hs_tracer.testbed.corpus import prompts as corpus_prompts
-    from hs_tracer.testbed.miswire import regenerated_d2t
-    from hs_tracer.testbed.target import encode, load_target
-    from hs_tracer.testbed.tokenizer import EOS_ID
+    from hs_tracer_testbed import ensure_testbed
+    from hs_tracer_testbed.corpus import prompts as corpus_prompts
+    from hs_tracer_testbed.miswire import regenerated_d2t
+    from hs_tracer_testbed.target import encode, load_target
+    from hs_tracer_testbed.tokenizer import EOS_ID
 
     tb = ensure_testbed()
     t0 = time.time()

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hs_tracer.testbed.corpus import prompts as corpus_prompts
-from hs_tracer.testbed.miswire import regenerated_d2t, write_variant, write_vocab_variant
+from hs_tracer_testbed.corpus import prompts as corpus_prompts
+from hs_tracer_testbed.miswire import regenerated_d2t, write_variant, write_vocab_variant
 from tests.engine_runs import run_scenarios
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]

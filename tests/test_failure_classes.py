@@ -12,7 +12,7 @@ import pytest
 
 from hs_tracer.diagnosis.findings import Code, Severity
 from hs_tracer.preflight.runner import run_check
-from hs_tracer.testbed.miswire import regenerated_d2t, write_vocab_variant
+from hs_tracer_testbed.miswire import regenerated_d2t, write_vocab_variant
 
 
 def _variant(testbed, tmp_path: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:

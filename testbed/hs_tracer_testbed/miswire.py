@@ -87,8 +87,8 @@ def regenerated_d2t(tb: Any, docs: int = 400) -> Any:
     """The testbed draft's d2t as SpecForge would regenerate it from the other domain's documents."""
     import json as _json
 
-    from hs_tracer.testbed import corpus, dumps
-    from hs_tracer.testbed.target import encode
+    from hs_tracer_testbed import corpus, dumps
+    from hs_tracer_testbed.target import encode
 
     cfg = _json.loads((Path(tb.draft) / "config.json").read_text())
     toks = encode(corpus.documents(4321, docs, "other"))

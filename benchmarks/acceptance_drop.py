@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = (64, 96, 128, 192, 256)
+SIZES = (16, 32, 64, 96, 128, 192, 256)  # below min_steps (64): the statistic alone, min_steps lowered
 
 
 def per_request(target, draft, prompts, c_out_ids, new_tokens, eos) -> list[list[int]]:
@@ -96,9 +96,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     args = ap.parse_args()
 
+    from dataclasses import replace
+
     import torch
 
-    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
+    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings, bound
     from hs_tracer.profile import expectation
 
     torch.set_num_threads(1)
@@ -115,16 +117,22 @@ def main() -> None:
         flat = [a for r in reqs for a in r]
         row = {"requests": len(reqs), "steps": len(flat),
                "mean_accept_length": round(float(np.mean(flat)), 4),
-               "with_expectation": {}, "without_expectation": {}}
+               "with_expectation": {}, "without_expectation": {}, "min_upper_over_limit": {}}
         for n in SIZES:
             if n > len(flat):
                 continue
+            th_n = replace(th, min_steps=min(n, th.min_steps))
+            ws = list(windows(reqs, n, args.reps, rng))
             for key, e in (("with_expectation", exp), ("without_expectation", None)):
-                hits = sum(bool(acceptance_findings(w, e, th=th)) for w in windows(reqs, n, args.reps, rng))
+                hits = sum(bool(acceptance_findings(w, e, th=th_n)) for w in ws)
                 row[key][n] = round(hits / args.reps, 4)
+            # how close the windows come to the limit (> 1: not a collapse; healthy runs' margin)
+            row["min_upper_over_limit"][n] = round(min(bound(w, exp, th).upper / bound(w, exp, th).limit
+                                                       for w in ws), 3)
         results[name] = row
     out = {
-        "what": "fraction of live windows of n verify steps judged acceptance_drop (critical)",
+        "what": "fraction of live windows of n verify steps judged acceptance_drop (critical); sizes below "
+                "min_steps are judged with min_steps lowered to n (what the statistic alone needs)",
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": f"{platform.machine()} {platform.system()}, CPU only, torch threads 1",
         "method": __doc__.split("\n\n")[1].replace("\n", " "),

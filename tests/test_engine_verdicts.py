@@ -50,14 +50,14 @@ def test_broken_vocabulary_map_is_critical_with_the_vocabulary_as_cause(runs) ->
 
 
 def test_top_level_ids_served_right_exit_0_with_a_warning(runs) -> None:
-    from hs_tracer.diagnosis.findings import Finding, Report
+    from hs_tracer.diagnosis.findings import Report
 
     d = runs["ids_top_level"]["diagnosis"]
     assert d["status"] == "warning", d["findings"]
     assert not _critical(d)
     ignored = [f for f in d["findings"] if f["code"] == "layer_ids_ignored"]
     assert ignored and ignored[0]["severity"] == "warning" and "bites" in ignored[0]["message"]
-    assert Report(findings=[_finding(f, Finding) for f in d["findings"]]).exit_code == 0
+    assert Report.from_json(d).exit_code == 0
 
 
 def test_one_wrong_id_list_gives_one_root_cause_with_its_fix(runs) -> None:
@@ -68,8 +68,3 @@ def test_one_wrong_id_list_gives_one_root_cause_with_its_fix(runs) -> None:
     crit = [i for i, f in enumerate(d["findings"]) if f["severity"] != "info"]
     assert sorted(roots[0]["findings"]) == crit  # every finding is evidence under that one cause
 
-
-def _finding(f: dict[str, Any], cls):
-    from hs_tracer.diagnosis.findings import Code, Severity
-
-    return cls(Code(f["code"]), Severity(f["severity"]), f["message"], f.get("fix", ""))

@@ -186,9 +186,6 @@ def human(runs: list[Run]) -> str:
     for r in runs:
         d = r.to_json()
         lines.append(f"== {r.name}: draft {r.draft or '(none: plain decoding)'}")
-        for c in d["root_causes"]:
-            lines.append(f"   [{c['severity']}] root cause: {c['summary']}")
-            lines.append(f"       fix: {c['fix']}")
         w = d["wiring"] or {}
         if w:
             lines.append(f"   wiring: {w.get('target_arch')} with {w.get('num_layers')} layers, hidden "

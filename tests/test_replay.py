@@ -89,7 +89,8 @@ def test_features_of_other_requests_are_named(tmp_path, records, plan, testbed, 
     cap = _capture(tmp_path / "rolled", records, plan, [0, 1, 2], plan["aux_sources"], testbed, roll=517)
     r = _run(cap, testbed, testbed_profile)
     assert r.slot_sources == plan["aux_sources"]  # per slot the statistics are right
-    assert r.status == "miswired" and r.cause["code"] == "features_from_other_requests"
+    assert r.status == "miswired" and r.cause.code.value == "features_from_other_requests"
+    assert "features_from_other_requests" in [f["code"] for f in r.to_json()["findings"]]
 
 
 def test_permuted_slots_are_found_and_rewired_by_source(tmp_path, records, plan, testbed) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hs_tracer import sources as S
-from hs_tracer.diagnosis.findings import Code
+from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.draft.model import Eagle3Draft
 from hs_tracer.replay import data as D
 from hs_tracer.replay.runner import EMBEDDING, Agreement, Wiring, agreement, describe, unigram_baseline
@@ -103,7 +103,7 @@ class ReplayResult:
         return "warning" if self.mismatched else "ok"
 
     @property
-    def cause(self) -> dict[str, str] | None:
+    def cause(self) -> Finding | None:
         """Agreement collapsed although every slot carries the source the draft was trained on and no
         rewiring of the slots recovers it: the features are the right layers computed on other tokens,
         e.g. rows of other requests (an aux all-gather over the wrong process group under attention
@@ -113,16 +113,15 @@ class ReplayResult:
         rec = self.recovered_by()
         if rec is not None and rec.name != "as served":
             return None
-        return {
-            "code": Code.FEATURES_FROM_OTHER_REQUESTS.value,
-            "message": "every slot carries the layer the draft was trained on, yet the draft cannot use the "
-                       "features and no rewiring of the slots helps: the rows are computed on other tokens "
-                       "than the ones they are paired with (other requests' rows, e.g. an aux all-gather "
-                       "over the wrong process group under attention data parallelism, or a reordered batch)",
-            "fix": "check how the target's aux hidden states are gathered and ordered before the draft: with "
-                   "attention data parallelism they must be gathered over the same group and in the same "
-                   "request order as the draft's input ids",
-        }
+        return Finding(
+            Code.FEATURES_FROM_OTHER_REQUESTS, Severity.CRITICAL,
+            "every slot carries the layer the draft was trained on, yet the draft cannot use the features "
+            "and no rewiring of the slots helps: the rows are computed on other tokens than the ones they "
+            "are paired with (other requests' rows, e.g. an aux all-gather over the wrong process group "
+            "under attention data parallelism, or a reordered batch)",
+            "check how the target's aux hidden states are gathered and ordered before the draft: with "
+            "attention data parallelism they must be gathered over the same group and in the same request "
+            "order as the draft's input ids")
 
     @property
     def exit_code(self) -> int:
@@ -150,9 +149,9 @@ class ReplayResult:
                              sorted(self.candidates, key=lambda c: -(c.result.rate if c.result else -1))],
             "recovered_by": None if rec is None else rec.to_json(self.slot_sources),
             "fix": self.fix,
-            "cause": self.cause,
+            "cause": self.cause.to_json() if self.cause else None,
             "acceptance": self.acceptance,
-            "findings": [f.to_json() for f in self.findings],
+            "findings": [f.to_json() for f in [*self.findings, *([self.cause] if self.cause else [])]],
         }
 
 
@@ -429,9 +428,8 @@ def human(result: ReplayResult) -> str:
     if d["fix"]:
         lines.append(f"fix: {d['fix']['message']}")
     lines.extend(f.one_line() for f in result.findings)
-    if d["cause"]:
-        lines.append(f"cause: {d['cause']['code']}: {d['cause']['message']}")
-        lines.append(f"fix: {d['cause']['fix']}")
+    if result.cause is not None:
+        lines.append(result.cause.one_line())
     return "\n".join(lines)
 
 

@@ -32,7 +32,10 @@ DEFAULT_ENGINE_KWARGS: dict[str, Any] = {
     "attention_backend": "intel_amx",
     "dtype": "float32",
     "disable_cuda_graph": True,
-    "mem_fraction_static": 0.05,
+    # On CPU SGLang reads the machine's free memory before and after loading the weights and refuses
+    # to start when the drop exceeds this fraction; on a shared machine other processes allocate in
+    # between. max_total_tokens below is what bounds the KV cache, so a roomy fraction costs nothing.
+    "mem_fraction_static": 0.25,
     "max_total_tokens": 4096,
     "random_seed": 0,
     "log_level": "warning",

@@ -73,6 +73,7 @@ def _environment(tmp: Path) -> dict[str, str]:
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(3600)  # three engine starts, a profile build and two replays: 14-15 min on 2 busy cores
 def test_tutorial_runs_from_a_fresh_folder(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()

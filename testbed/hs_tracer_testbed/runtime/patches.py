@@ -56,11 +56,23 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
 }
 
 
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a watched module has executed, via its own loader instance."""
+class PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a watched module has executed, via its own loader instance
+    (shared with the GPU runtime's patches)."""
 
     def __init__(self) -> None:
         self.pending: dict[str, Callable[[ModuleType], None]] = {}
+
+    def install(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
+        """Apply each patch now (module already imported) or right after its first import."""
+        for name, patch in patches.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                patch(module)
+            else:
+                self.pending[name] = patch
+        if self.pending and self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
 
     def find_spec(self, fullname: str, path: object, target: object = None) -> object:
         callback = self.pending.pop(fullname, None)
@@ -87,16 +99,9 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-_hook = _PostImportHook()
+_hook = PostImportHook()
 
 
 def install() -> None:
     """Apply every patch now (module already imported) or right after its first import."""
-    for name, patch in PATCHES.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            patch(module)
-        else:
-            _hook.pending[name] = patch
-    if _hook.pending and _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
+    _hook.install(PATCHES)

@@ -1,0 +1,644 @@
+"""Real SGLang 0.5.23 EAGLE-3 on CUDA GPUs with hs_tracer inside: lossless, diagnosis, accept length,
+sync checks, and throughput with tracing on vs off at DeepSeek-V3 width. Writes JSON + Markdown.
+
+Everything runs on real SGLang engines (``sgl.Engine``, one worker process each, configured with
+SGLang's own command-line arguments) with CUDA graphs and the overlap scheduler on (SGLang's
+defaults; nothing here turns them off), started through the hs_tracer GPU testbed runtime
+(``hs_tracer.testbed.runtime.gpu``: sgl_kernel stand-in, Triton attention and MoE, PyTorch sampling,
+no NVLink multicast). The engines of one part start in parallel on the same GPUs.
+
+Parts:
+* ``testbed``: the trained testbed target (tiny DeepSeek-V3) and its EAGLE-3 draft. Plain decoding;
+  a chain (``--speculative-num-steps 3 --speculative-eagle-topk 1``) and a tree (topk 4, 8 draft
+  tokens), each with and without ``HS_TRACER=1``; the ``ids_shifted`` miswired draft traced. Greedy,
+  two rounds of the same prompts (the second is served from the radix cache). hs_tracer's hooks run
+  under ``torch.cuda.set_sync_debug_mode("error")`` (``HS_TRACER_TESTBED_SYNC_DEBUG=1``). With
+  ``--tp 2``: the same at TP=2, plus the chain traced with attention data parallelism
+  (``--attn-dp-size 2``, what ``--enable-dp-attention --dp-size 2`` resolves to in 0.5.23).
+* ``prod``: a DeepSeek-V3-width target (hidden 7168, MLA, 5 layers, 32 experts, random weights via
+  ``--load-format dummy``) with an EAGLE-3 draft of the same width; two servers, tracing off and on,
+  measured alternately at batch sizes 1, 8, 32, 128; hs_tracer's host time per step from its
+  Prometheus histogram; GPU memory of each engine's processes.
+* ``radix`` (TP=1): plain decoding with SGLang's compiled (Rust) radix TreeCore instead of the
+  Python one, to record whether it still rejects the KV indices under this machine's torch.
+
+Run on a CUDA machine with SGLang 0.5.23 installed (docs/gpu.md)::
+
+    python benchmarks/gpu_sglang.py --out-dir benchmarks/results [--tp 2] [--parts testbed,prod]
+
+``--dry-run`` prints the engines it would start and exits (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hs_tracer.testbed.runtime.gpu import launcher  # noqa: E402
+from hs_tracer.testbed.runtime.gpu.prodwidth import write_models  # noqa: E402
+
+SGLANG_VERSION = "0.5.23"
+CHAIN = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+TREE = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
+BATCH_SIZES = (1, 8, 32, 128)
+TRACE_ENV = {"HS_TRACER": "1", "HS_TRACER_WINDOW_TOKENS": "256", "HS_TRACER_TESTBED_SYNC_DEBUG": "1"}
+BASE_PORT = 31000
+METRICS_BASE_PORT = 39400
+START_TIMEOUT_S = 360
+
+
+@dataclass
+class Server:
+    """One engine of a part: its name, model, SGLang arguments, and whether hs_tracer runs in it."""
+
+    name: str
+    model: Path
+    args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    traced: bool = False
+    report_dir: Path | None = None
+    worker: launcher.EngineWorker | None = None
+    log_path: Path | None = None
+    startup_s: float | None = None
+    error: str | None = None
+    started: float = 0.0
+
+
+# ---- running engines -----------------------------------------------------------------------------
+def start_all(servers: list[Server], log_dir: Path, work: Path) -> None:
+    """Start every engine at once, then wait for each; an engine that fails keeps its error."""
+    for i, s in enumerate(servers):
+        # distinct ports per engine (SGLang derives its NCCL and internal ports from this one)
+        s.args = (*s.args, "--port", str(BASE_PORT + 100 * i))
+        if s.traced:
+            s.report_dir = work / f"report-{s.name}"
+            s.report_dir.mkdir(parents=True, exist_ok=True)
+            s.env = {**s.env, "HS_TRACER_REPORT_DIR": str(s.report_dir)}
+        s.log_path = log_dir / f"server-{s.name}.log"
+        s.started = time.monotonic()
+        s.worker = launcher.EngineWorker(s.model, s.args, env=s.env, log=s.log_path.open("w"))
+    for s in servers:
+        assert s.worker is not None
+        try:
+            s.worker.wait_ready(max(START_TIMEOUT_S - (time.monotonic() - s.started), 1))
+            s.startup_s = round(time.monotonic() - s.started, 1)
+        except (RuntimeError, TimeoutError) as exc:
+            s.error = f"{exc}; log tail: {tail(s.log_path)}"
+            print(f"[{s.name}] failed to start: {exc}", flush=True)
+        else:
+            print(f"[{s.name}] ready after {s.startup_s} s", flush=True)
+
+
+def stop_all(servers: list[Server]) -> None:
+    with ThreadPoolExecutor(len(servers) or 1) as pool:
+        list(pool.map(lambda s: s.worker.stop() if s.worker is not None else None, servers))
+    for s in servers:
+        s.worker = None
+
+
+def tail(path: Path | None, n: int = 3000) -> str:
+    if path is None or not path.exists():
+        return ""
+    return path.read_text(errors="replace")[-n:]
+
+
+def generate(s: Server, payload: dict[str, Any], timeout_s: float = 240) -> list[dict[str, Any]]:
+    assert s.worker is not None
+    return s.worker.generate(payload, timeout_s)
+
+
+def reports(s: Server, settle_s: float = 3.0) -> list[dict[str, Any]]:
+    """The hs_tracer report of every scheduler process of ``s`` (after the recorder settled)."""
+    if s.report_dir is None:
+        return []
+    time.sleep(settle_s)
+    return [json.loads(p.read_text()) for p in sorted(s.report_dir.glob("scheduler-*.json"))]
+
+
+def gpu_memory_mib(s: Server) -> int | None:
+    """GPU memory used by the engine's processes (nvidia-smi's per-process column)."""
+    try:
+        import psutil
+
+        assert s.worker is not None
+        pids = {s.worker.pid} | {c.pid for c in psutil.Process(s.worker.pid).children(recursive=True)}
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             check=True).stdout
+    except Exception:
+        return None
+    used = 0
+    for line in out.splitlines():
+        pid, mib = (x.strip() for x in line.split(","))
+        if int(pid) in pids:
+            used += int(mib)
+    return used
+
+
+def scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    except Exception as exc:
+        return f"# scrape failed: {exc}"
+
+
+def histogram(text: str, name: str) -> dict[str, float]:
+    """Sum, count and cumulative buckets of one histogram in Prometheus text format (summed over
+    label sets)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(rf"^{name}_(sum|count|bucket)(\{{[^}}]*\}})?\s+(\S+)$", line)
+        if not m:
+            continue
+        key = m.group(1)
+        if key == "bucket":
+            le = re.search(r'le="([^"]+)"', m.group(2) or "")
+            key = f"le_{le.group(1)}" if le else "le_?"
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def counter(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(_total)?(\{{[^}}]*\}})?\s+(\S+)$", line)
+        if m:
+            total += float(m.group(3))
+    return total
+
+
+# ---- part: testbed -------------------------------------------------------------------------------
+def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp: int) -> list[Server]:
+    par = ("--tp-size", str(tp)) if tp > 1 else ()
+    common = (*par, "--mem-fraction-static", "0.85", "--max-total-tokens", "16384",
+              "--cuda-graph-max-bs-decode", "16", "--max-running-requests", "16", "--random-seed", "0")
+    traced = {**TRACE_ENV, "HS_TRACER_PROFILE": str(profile)}
+    chain = (*common, *CHAIN, "--speculative-draft-model-path", str(draft))
+    tree = (*common, *TREE, "--speculative-draft-model-path", str(draft))
+    servers = [
+        Server("plain", target, common),
+        Server("chain_off", target, chain),
+        Server("chain_on", target, chain, traced, True),
+        Server("shifted_on", target, (*common, *CHAIN, "--speculative-draft-model-path", str(shifted)),
+               traced, True),
+        Server("tree_off", target, tree),
+        Server("tree_on", target, tree, traced, True),
+    ]
+    if tp > 1:
+        servers.append(Server("dp_attention_on", target,
+                              (*common, "--attn-dp-size", str(tp), *CHAIN,
+                               "--speculative-draft-model-path", str(draft)),
+                              {**traced, "HS_TRACER_METRICS_PORT": str(METRICS_BASE_PORT)}, True))
+    return servers
+
+
+def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int) -> dict[str, Any]:
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    runs: dict[str, Any] = {}
+    live = [s for s in servers if s.error is None]
+
+    def one(s: Server) -> tuple[str, dict[str, Any]]:
+        rounds = []
+        for _ in range(2):  # round 2 re-sends the prompts: served from the radix cache
+            outs = generate(s, {"prompt": prompts, "sampling_params": sampling})
+            rounds.append(outs)
+        metrics = scrape(METRICS_BASE_PORT) if "HS_TRACER_METRICS_PORT" in s.env else None
+        metrics_dp1 = scrape(METRICS_BASE_PORT + 64) if metrics is not None else None
+        return s.name, {"rounds": rounds, "reports": reports(s), "metrics": [metrics, metrics_dp1]}
+
+    with ThreadPoolExecutor(len(live) or 1) as pool:
+        for name, res in pool.map(one, live):
+            runs[name] = res
+    return summarize_testbed(servers, runs)
+
+
+def _spec_counts(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    metas = [o["meta_info"] for o in outs]
+    verify = [int(m.get("spec_verify_ct") or 0) for m in metas]
+    correct = [int(m.get("spec_num_correct_drafts") or 0) for m in metas]
+    per_request = [float(m["spec_accept_length"]) for m in metas if m.get("spec_accept_length") is not None]
+    return {
+        "verify_steps": sum(verify),
+        "correct_drafts": sum(correct),
+        # tokens committed per verify step over all (request, step) pairs, bonus token included
+        "pooled_accept_length": 1 + sum(correct) / sum(verify) if sum(verify) else None,
+        # SGLang's own per-request figure (meta_info.spec_accept_length), averaged over requests
+        "per_request_mean_accept_length": sum(per_request) / len(per_request) if per_request else None,
+        "cached_tokens": sum(int(m.get("cached_tokens") or 0) for m in metas),
+    }
+
+
+def summarize_testbed(servers: list[Server], runs: dict[str, Any]) -> dict[str, Any]:
+    ids = {name: [o["output_ids"] for rnd in r["rounds"] for o in rnd] for name, r in runs.items()}
+    ref = ids.get("plain")
+    out: dict[str, Any] = {"servers": {}, "lossless": {}}
+    for s in servers:
+        entry: dict[str, Any] = {"args": list(s.args), "traced": s.traced, "startup_s": s.startup_s,
+                                 "error": s.error}
+        r = runs.get(s.name)
+        if r is not None:
+            entry["round_1"] = _spec_counts(r["rounds"][0])
+            entry["round_2"] = _spec_counts(r["rounds"][1])
+            entry["both_rounds"] = _spec_counts(r["rounds"][0] + r["rounds"][1])
+            entry["sample_text"] = r["rounds"][0][0].get("text", "")[:120]
+            entry["schedulers"] = [_report_summary(rep) for rep in r["reports"]]
+            if r["metrics"][0] is not None:
+                entry["metrics_verify_steps_by_dp_rank"] = [counter(t or "", "hs_tracer_verify_steps")
+                                                            for t in r["metrics"]]
+                entry["metrics_dp_labels"] = [sorted(set(re.findall(r'dp="(\d+)"', t or "")))
+                                              for t in r["metrics"]]
+            if s.traced:
+                entry["accept_length_reconciliation"] = _reconcile(entry["both_rounds"], entry["schedulers"])
+        out["servers"][s.name] = entry
+        if ref is not None and s.name in ids and s.name != "plain":
+            out["lossless"][s.name] = ids[s.name] == ref
+    # round 2 is served from the radix cache: its outputs must equal round 1's
+    out["rounds_equal"] = {n: [o["output_ids"] for o in r["rounds"][0]]
+                           == [o["output_ids"] for o in r["rounds"][1]] for n, r in runs.items()}
+    return out
+
+
+def _report_summary(rep: dict[str, Any]) -> dict[str, Any]:
+    diag = rep.get("diagnosis") or {}
+    acc = diag.get("acceptance") or {}
+    return {
+        "pid": rep.get("pid"), "ranks": rep.get("ranks"), "emitting": rep.get("emitting"),
+        "enabled": rep.get("enabled"), "hook_errors": rep.get("hook_errors"),
+        "disabled_reason": rep.get("disabled_reason"), "dropped_records": rep.get("dropped_records"),
+        "hooks_applied": len(rep.get("hooks_applied") or []),
+        "layers_to_capture": (rep.get("target") or {}).get("layers_to_capture"),
+        "draft_graph_width": (rep.get("draft") or {}).get("graph_width"),
+        "status": diag.get("status"), "windows": diag.get("windows"),
+        "slots": [{k: sl.get(k) for k in ("index", "expected_source", "observed_source", "score")}
+                  for sl in diag.get("slots") or []],
+        "findings": [f.get("code") for f in diag.get("findings") or []],
+        "acceptance_steps": acc.get("steps"), "mean_accept_length": acc.get("mean_accept_length"),
+    }
+
+
+def _reconcile(sglang: dict[str, Any], schedulers: list[dict[str, Any]]) -> dict[str, Any]:
+    emitting = [s for s in schedulers if s.get("emitting")]
+    steps = sum(s.get("acceptance_steps") or 0 for s in emitting)
+    tracer = None
+    if steps:
+        tracer = sum((s.get("mean_accept_length") or 0) * (s.get("acceptance_steps") or 0)
+                     for s in emitting) / steps
+    return {
+        "hs_tracer_request_steps": steps,
+        "sglang_verify_steps": sglang["verify_steps"],
+        "hs_tracer_pooled_accept_length": tracer,
+        "sglang_pooled_accept_length": sglang["pooled_accept_length"],
+        "sglang_per_request_mean_accept_length": sglang["per_request_mean_accept_length"],
+        "pooled_equal": tracer is not None and sglang["pooled_accept_length"] is not None
+        and abs(tracer - sglang["pooled_accept_length"]) < 1e-9 and steps == sglang["verify_steps"],
+    }
+
+
+# ---- part: production width ---------------------------------------------------------------------
+def prod_servers(models: Path, tp: int) -> list[Server]:
+    par = ("--tp-size", str(tp)) if tp > 1 else ()
+    common = (*par, "--load-format", "dummy", "--speculative-draft-load-format", "dummy",
+              "--skip-tokenizer-init", "--context-length", "2048", "--mem-fraction-static", "0.85",
+              "--max-total-tokens", "131072", "--max-running-requests", "128",
+              "--cuda-graph-max-bs-decode", "128", "--random-seed", "0", *CHAIN,
+              "--speculative-draft-model-path", str(models / "draft"))
+    return [
+        Server("prod_off", models / "target", common),
+        Server("prod_on", models / "target", common,
+               {"HS_TRACER": "1", "HS_TRACER_METRICS_PORT": str(METRICS_BASE_PORT + 1000)}, True),
+    ]
+
+
+def run_prod(servers: list[Server], reps: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
+    import random
+
+    by_name = {s.name: s for s in servers}
+    off, on = by_name["prod_off"], by_name["prod_on"]
+    out: dict[str, Any] = {"servers": {s.name: {"startup_s": s.startup_s, "error": s.error,
+                                                 "args": list(s.args)} for s in servers}}
+    if off.error or on.error:
+        return out
+    rng = random.Random(0)
+    metrics_port = METRICS_BASE_PORT + 1000
+    results = []
+    for bs in BATCH_SIZES:
+        ids = [[rng.randrange(100, 30000) for _ in range(prompt_len)] for _ in range(bs)]
+        payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
+                                                          "ignore_eos": True}}
+        for s in (off, on):  # warm-up (prefill paths, allocator)
+            generate(s, payload)
+        before = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
+        steps_before = counter(scrape(metrics_port), "hs_tracer_verify_steps")
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        verify: dict[str, int] = {"off": 0, "on": 0}
+        for rep in range(reps):
+            order = ((off, "off"), (on, "on")) if rep % 2 == 0 else ((on, "on"), (off, "off"))
+            for s, label in order:
+                t0 = time.perf_counter()
+                res = generate(s, payload)
+                times[label].append(time.perf_counter() - t0)
+                verify[label] += sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in res)
+        time.sleep(1.5)  # the recorder observes the host-time histogram on its report refresh
+        text = scrape(metrics_port)
+        after = histogram(text, "hs_tracer_host_overhead_seconds")
+        steps_after = counter(text, "hs_tracer_verify_steps")
+        tokens = bs * new_tokens
+        tput = {k: tokens / median(v) for k, v in times.items()}
+        dh = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        results.append({
+            "batch_size": bs, "new_tokens_per_request": new_tokens, "prompt_tokens": prompt_len,
+            "wall_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
+            "tokens_per_s_off": round(tput["off"], 1), "tokens_per_s_on": round(tput["on"], 1),
+            "on_over_off": round(tput["on"] / tput["off"], 4),
+            "sglang_verify_steps": verify,
+            "hs_tracer_verify_steps": steps_after - steps_before,
+            "host_overhead_histogram_delta": dh,
+            "host_overhead_mean_us": (1e6 * dh["sum"] / dh["count"]) if dh.get("count") else None,
+        })
+        print(f"[prod] bs {bs}: on/off {tput['on'] / tput['off']:.4f}", flush=True)
+    out["throughput"] = results
+    out["gpu_memory_mib"] = {"off": gpu_memory_mib(off), "on": gpu_memory_mib(on)}
+    out["final_metrics_host_overhead"] = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
+    out["schedulers"] = [_report_summary(r) for r in reports(on, 0)]
+    return out
+
+
+# ---- part: radix --------------------------------------------------------------------------------
+def radix_servers(target: Path) -> list[Server]:
+    return [Server("radix_rust_treecore", target,
+                   ("--mem-fraction-static", "0.85", "--max-total-tokens", "16384",
+                    "--cuda-graph-max-bs-decode", "16"),
+                   {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "rust"})]
+
+
+def run_radix(servers: list[Server], prompts: list[str]) -> dict[str, Any]:
+    s = servers[0]
+    res: dict[str, Any] = {"startup_s": s.startup_s, "error": s.error}
+    if s.error is None:
+        try:
+            outs = generate(s, {"prompt": prompts[:4] * 2, "sampling_params": {"temperature": 0.0,
+                                                                                "max_new_tokens": 8}},
+                            timeout_s=60)
+            res["served"] = len(outs)
+            res["cached_tokens"] = sum(int(o["meta_info"].get("cached_tokens") or 0) for o in outs)
+        except Exception as exc:
+            res["request_error"] = repr(exc)
+    log = tail(s.log_path, 200000)
+    m = re.search(r"[^\n]*must be an int64 tensor[^\n]*", log)
+    res["int64_error_line"] = m.group(0)[-300:] if m else None
+    return res
+
+
+# ---- orchestration -------------------------------------------------------------------------------
+def environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.version.cuda
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception as exc:
+        info["torch_error"] = repr(exc)
+    try:
+        from importlib.metadata import version
+
+        info["sglang"] = version("sglang")
+        info["triton"] = version("triton")
+    except Exception as exc:
+        info["version_error"] = repr(exc)
+    with contextlib.suppress(Exception):
+        info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                             "--format=csv,noheader"], capture_output=True, text=True,
+                                            timeout=30).stdout.strip().splitlines()
+    return info
+
+
+def multicast_check(servers: list[Server]) -> dict[str, Any]:
+    """Log lines that would show a symmetric-memory / multicast path was taken (expected: none)."""
+    hits: dict[str, list[str]] = {}
+    for s in servers:
+        lines = [ln for ln in tail(s.log_path, 10**7).splitlines()
+                 if re.search(r"multicast|symm_mem|symmetric memory|NVLS|multimem", ln, re.I)]
+        hits[s.name] = lines[:10]
+    return hits
+
+
+def measure(name: str, servers: list[Server],
+            body: Callable[[list[Server]], dict[str, Any]]) -> dict[str, Any]:
+    """Run one part's workload on its (already started) engines, then stop them."""
+    t0 = time.monotonic()
+    try:
+        result = body(servers)
+    except Exception as exc:
+        import traceback
+
+        result = {"error": repr(exc), "traceback": traceback.format_exc()[-4000:]}
+    finally:
+        stop_all(servers)
+    result["workload_wall_s"] = round(time.monotonic() - t0, 1)
+    result["multicast_log_lines"] = multicast_check(servers)
+    print(f"== {name}: done in {result['workload_wall_s']} s", flush=True)
+    return result
+
+
+def testbed_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path, Path]:
+    """Target, draft, the ids_shifted copy of the draft, and the testbed profile."""
+    from hs_tracer.testbed.miswire import write_variant
+
+    if args.target is None:
+        from hs_tracer.demo import testbed_profile
+        from hs_tracer.testbed import ensure_testbed
+
+        tb = ensure_testbed()
+        target, draft, profile = tb.target, tb.draft, testbed_profile(tb)
+    else:
+        target, draft, profile = args.target.resolve(), args.draft.resolve(), args.profile.resolve()
+    shifted = write_variant(draft, work / "draft_ids_shifted", "ids_shifted")
+    return target, draft, shifted, profile
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--parts", default="testbed,prod,radix")
+    ap.add_argument("--target", type=Path, help="testbed target (default: build/reuse the testbed)")
+    ap.add_argument("--draft", type=Path)
+    ap.add_argument("--profile", type=Path)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3, help="alternating on/off repetitions per batch size")
+    ap.add_argument("--prod-new-tokens", type=int, default=128)
+    ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    if args.target is not None and (args.draft is None or args.profile is None):
+        ap.error("--target needs --draft and --profile")
+    parts = [p for p in args.parts.split(",") if p]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `timeout` still stops the engines
+
+    from hs_tracer.testbed.corpus import prompts as corpus_prompts
+
+    prompts = corpus_prompts(seed=1234, n=16)
+    work = Path(tempfile.mkdtemp(prefix="hs-tracer-gpu-"))
+    target, draft, shifted, profile = testbed_inputs(args, work)
+    models = write_models(work / "prodwidth")
+    plan = {"testbed": testbed_servers(target, draft, shifted, profile, args.tp),
+            "prod": prod_servers(models, args.tp), "radix": radix_servers(target) if args.tp == 1 else []}
+    if args.dry_run:
+        for part in parts:
+            for i, s in enumerate(plan[part]):
+                cmd = launcher.worker_command(s.model, (*s.args, "--port", str(BASE_PORT + 100 * i)))
+                print(f"[{part}/{s.name}] traced={s.traced} env={s.env}\n  {' '.join(cmd)}")
+        shutil.rmtree(work)
+        return 0
+
+    today = datetime.date.today().isoformat()
+    stem = f"gpu_sglang_h200_tp{args.tp}_{today}{args.tag}"
+    log_dir = args.out_dir / f"{stem}_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "what": "real SGLang 0.5.23 EAGLE-3 servers with hs_tracer inside, hs_tracer GPU testbed runtime",
+        "date": today, "sglang": SGLANG_VERSION, "tp": args.tp,
+        "cuda_graphs": "on (SGLang default: target verify, draft decode, draft extend)",
+        "overlap_scheduler": "on (SGLang default, spec v2)",
+        "radix_cache": "on (SGLang's Python TreeCore)",
+        "server_flags": list(launcher.SERVER_FLAGS), "runtime_env": launcher.RUNTIME_ENV,
+        "environment": environment(), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+        "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: two "
+                   "rounds of the same 16 prompts; prod: alternating off/on batches, median wall time of "
+                   f"{args.reps} reps, tokens/s = batch * new tokens / wall (prefill included)"),
+    }
+    # All engines start at once (startup dominates); parts are then measured one after the other, each
+    # part's engines stopped before the next part's workload, so prod throughput runs on a quiet GPU.
+    active = {part: plan[part] for part in ("testbed", "radix", "prod") if part in parts and plan[part]}
+    everything = [s for servers in active.values() for s in servers]
+    print(f"== starting {len(everything)} engines: {[s.name for s in everything]}", flush=True)
+    t0 = time.monotonic()
+    opcheck = subprocess.Popen([sys.executable, "-m", "hs_tracer.testbed.runtime.gpu.opcheck"],
+                               env=launcher.runtime_env(), stdout=subprocess.PIPE,
+                               stderr=(log_dir / "opcheck.log").open("w"), text=True)
+    start_all(everything, log_dir, work)
+    result["startup_wall_s"] = round(time.monotonic() - t0, 1)
+    result["startup_s"] = {s.name: s.startup_s if s.error is None else s.error[:2000] for s in everything}
+    try:
+        line = opcheck.communicate(timeout=120)[0].strip().splitlines()
+        result["opcheck"] = json.loads(line[-1]) if line else {"error": tail(log_dir / "opcheck.log")}
+    except Exception as exc:
+        result["opcheck"] = {"error": repr(exc)}
+    bodies: dict[str, Callable[[list[Server]], dict[str, Any]]] = {
+        "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens),
+        "radix": lambda ss: run_radix(ss, prompts),
+        "prod": lambda ss: run_prod(ss, args.reps, 64, args.prod_new_tokens),
+    }
+    try:
+        for part, servers in active.items():
+            result[part] = measure(part, servers, bodies[part])
+            if part == "prod":
+                result[part]["models"] = json.loads((models / "summary.json").read_text())
+            write(args.out_dir, stem, result)
+    finally:
+        stop_all(everything)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def write(out_dir: Path, stem: str, result: dict[str, Any]) -> None:
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out_dir / f"{stem}.md").write_text(markdown(result))
+
+
+def markdown(r: dict[str, Any]) -> str:
+    env = r.get("environment", {})
+    lines = [f"# Real SGLang {r['sglang']} EAGLE-3 with hs_tracer, TP={r['tp']} ({r['date']})", "",
+             f"GPU: {', '.join(env.get('gpus') or []) or env.get('nvidia_smi')}; torch {env.get('torch')}, "
+             f"CUDA {env.get('cuda')}, SGLang {env.get('sglang')}, Python {env.get('python')}.",
+             f"CUDA graphs: {r['cuda_graphs']}. Overlap scheduler: {r['overlap_scheduler']}. "
+             f"Radix cache: {r['radix_cache']}.", f"Method: {r['method']}.",
+             f"Flags: `{' '.join(r['server_flags'])}`.", ""]
+    oc = r.get("opcheck")
+    if oc:
+        lines += ["## Stand-in ops on the GPU (vs SGLang's references, eager under sync-debug 'error', and "
+                  "replayed from a captured CUDA graph)", "", "| op | equal | graph equal | detail |",
+                  "|---|---|---|---|"]
+        for name, v in oc.items():
+            if isinstance(v, dict):
+                detail = {k: x for k, x in v.items() if k not in ("equal", "graph_equal")}
+                lines.append(f"| {name} | {v.get('equal')} | {v.get('graph_equal', '-')} | {detail or ''} |")
+        lines.append("")
+    tb = r.get("testbed")
+    if tb:
+        lines += ["## Testbed target + draft", "",
+                  "| server | start s | lossless vs plain | SGLang pooled AL | SGLang per-request mean AL | "
+                  "hs_tracer pooled AL | steps equal | status | hook errors | emitting ranks | slots |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, s in (tb.get("servers") or {}).items():
+            both = s.get("both_rounds") or {}
+            rec = s.get("accept_length_reconciliation") or {}
+            sch = s.get("schedulers") or []
+            slots = "; ".join(f"{x['index']}: {x['expected_source']}->{x['observed_source']}"
+                              for sc in sch if sc.get("emitting") for x in sc.get("slots") or [])
+            lines.append(
+                f"| {name} | {s.get('startup_s')} | {tb.get('lossless', {}).get(name, '-')} | "
+                f"{_f(both.get('pooled_accept_length'))} | "
+                f"{_f(both.get('per_request_mean_accept_length'))} | "
+                f"{_f(rec.get('hs_tracer_pooled_accept_length'))} | {rec.get('pooled_equal', '-')} | "
+                f"{', '.join(str(sc.get('status')) for sc in sch if sc.get('emitting')) or '-'} | "
+                f"{sum(sc.get('hook_errors') or 0 for sc in sch) if sch else '-'} | "
+                f"{[sc.get('ranks') for sc in sch if sc.get('emitting')] if sch else '-'} | {slots or '-'} |")
+            if s.get("error"):
+                lines.append(f"|  | error: {s['error'][:300].replace('|', '/')} |||||||||| ")
+        if tb.get("error"):
+            lines += ["", f"Part error: {tb['error']}"]
+        lines.append("")
+    rx = r.get("radix")
+    if rx:
+        lines += ["## Compiled (Rust) radix TreeCore under this torch", "",
+                  f"startup_s {rx.get('startup_s')}, served {rx.get('served')}, error line: "
+                  f"`{rx.get('int64_error_line')}`, request error: {rx.get('request_error')}", ""]
+    pr = r.get("prod")
+    if pr:
+        lines += ["## DeepSeek-V3 width, random weights: tracing on vs off", "",
+                  f"Models: {json.dumps(pr.get('models'))}", "",
+                  "| batch | tok/s off | tok/s on | on/off | hs_tracer host time per step (mean us) | "
+                  "histogram observations |", "|---|---|---|---|---|---|"]
+        for t in pr.get("throughput") or []:
+            lines.append(f"| {t['batch_size']} | {t['tokens_per_s_off']} | {t['tokens_per_s_on']} | "
+                         f"{t['on_over_off']} | {_f(t.get('host_overhead_mean_us'))} | "
+                         f"{t['host_overhead_histogram_delta'].get('count')} |")
+        lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
+        if pr.get("error"):
+            lines += [f"Part error: {pr['error']}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _f(x: Any) -> str:
+    return f"{x:.4f}" if isinstance(x, float) else str(x if x is not None else "-")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""The GPU testbed runtime's CPU-checkable parts: the pure-torch ``sgl_kernel`` ops against references
+(SGLang's own ``forward_native`` where it has one), the stand-in package's shape, the fallback
+modules, the SGLang patches on SGLang's real classes, the sync-debug wrapper, the launcher's env.
+
+The ops run on CUDA tensors in the GPU run (benchmarks/gpu_sglang.py); here they run on CPU tensors,
+which exercises the same torch code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from hs_tracer.testbed.runtime.gpu import launcher, ops, patches, standin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- ops ---------------------------------------------------------------------------------------
+def test_rmsnorm_matches_sglang_forward_native_on_a_row_strided_input() -> None:
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(96, eps=1e-6)
+    norm.weight.data = torch.randn(96, dtype=torch.bfloat16)
+    latent = torch.randn(5, 96 + 32, dtype=torch.bfloat16)
+    x = latent[:, :96]  # row-strided, like DeepSeek's kv_a norm on a slice of the latent cache
+    before = latent.clone()
+    got = ops.rmsnorm(x, norm.weight.data, 1e-6)
+    assert torch.equal(got, norm.forward_native(x.contiguous()))
+    assert torch.equal(latent, before)
+    out = torch.empty_like(got)
+    assert ops.rmsnorm(x, norm.weight.data, 1e-6, out=out) is out and torch.equal(out, got)
+
+
+def test_fused_add_rmsnorm_updates_both_in_place_like_forward_native() -> None:
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    torch.manual_seed(1)
+    norm = RMSNorm(64, eps=1e-6)
+    norm.weight.data = torch.randn(64, dtype=torch.bfloat16)
+    x, res = torch.randn(7, 64, dtype=torch.bfloat16), torch.randn(7, 64, dtype=torch.bfloat16)
+    want_x, want_res = norm.forward_native(x.clone(), res.clone())
+    ops.fused_add_rmsnorm(x, res, norm.weight.data, 1e-6)
+    assert torch.equal(x, want_x) and torch.equal(res, want_res)
+
+
+def test_silu_and_mul_matches_sglang() -> None:
+    from sglang.srt.layers.activation import SiluAndMul
+
+    x = torch.randn(3, 4, 2 * 20, dtype=torch.bfloat16)
+    want = SiluAndMul().forward_native(x)
+    assert torch.equal(ops.silu_and_mul(x), want)
+    out = torch.empty(3, 4, 20, dtype=torch.bfloat16)
+    ops.silu_and_mul(x, out)
+    assert torch.equal(out, want)
+
+
+def test_moe_sum_reduce_sums_top_k_in_fp32() -> None:
+    x = torch.randn(6, 8, 32, dtype=torch.bfloat16)
+    out = torch.empty(6, 32, dtype=torch.bfloat16)
+    ops.moe_sum_reduce(x, out, 2.5)
+    assert torch.equal(out, (x.float().sum(1) * 2.5).to(torch.bfloat16))
+
+
+def test_weak_ref_tensor_views_the_same_memory() -> None:
+    t = torch.arange(24.0).reshape(4, 6)[:, 1:5]
+    w = ops.weak_ref_tensor(t)
+    assert (w.data_ptr(), w.shape, w.stride(), w.dtype) == (t.data_ptr(), t.shape, t.stride(), t.dtype)
+    t.fill_(3.0)
+    assert torch.equal(w, t)
+    assert ops.weak_ref_tensor(5) == 5
+
+
+def _align_reference(topk_ids: list[list[int]], num_buckets: int,
+                     block: int) -> tuple[list[int], list[int], int]:
+    """The "+1 offset" contract written out in plain Python: bucket = id + 1, stable inside a bucket,
+    each bucket padded to ``block`` with ``numel``; one expert id (bucket - 1) per block."""
+    flat = [e for row in topk_ids for e in row]
+    numel = len(flat)
+    ids: list[int] = []
+    experts: list[int] = []
+    for b in range(num_buckets):
+        members = [i for i, e in enumerate(flat) if e + 1 == b]
+        if not members:
+            continue
+        padded = -(-len(members) // block) * block
+        ids += members + [numel] * (padded - len(members))
+        experts += [b - 1] * (padded // block)
+    return ids, experts, len(ids)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_moe_align_block_size_follows_the_plus_one_contract(seed: int) -> None:
+    rng = random.Random(seed)
+    experts, topk, block = rng.randint(2, 40), rng.randint(1, 8), rng.choice([1, 4, 16, 64])
+    tokens = rng.randint(1, 40)
+    topk = min(topk, experts)
+    rows = [rng.sample(range(experts), topk) for _ in range(tokens)]
+    if seed % 3 == 0:  # EP-filtered slots carry -1
+        rows = [[-1 if rng.random() < 0.2 else e for e in row] for row in rows]
+    topk_ids = torch.tensor(rows, dtype=torch.int32)
+    buckets = experts + 1
+    numel = topk_ids.numel()
+    cap = numel + buckets * (block - 1)
+    sorted_ids = torch.full((cap,), -7, dtype=torch.int32)
+    expert_ids = torch.full((-(-cap // block),), -7, dtype=torch.int32)
+    post_pad = torch.empty(1, dtype=torch.int32)
+    cumsum = torch.empty(buckets + 1, dtype=torch.int32)
+    ops.moe_align_block_size(topk_ids, buckets, block, sorted_ids, expert_ids, post_pad, cumsum, True)
+    want_ids, want_experts, total = _align_reference(rows, buckets, block)
+    assert int(post_pad[0]) == total
+    assert sorted_ids[:total].tolist() == want_ids
+    assert sorted_ids[total:].eq(numel).all()  # pad_sorted_token_ids=True pre-fills everything
+    assert expert_ids[: total // block].tolist() == want_experts
+    assert int(cumsum[0]) == 0 and int(cumsum[buckets]) == total
+
+
+# ---- the stand-in package, fallbacks and patches, as SGLang's processes see them -----------------
+STANDIN_PROBE = """
+    import importlib, json, sys
+    import torch
+    import sgl_kernel, sgl_kernel.quantization, sgl_kernel.kvcacheio, sgl_kernel.utils
+    from sgl_kernel import rmsnorm, transfer_kv_all_layer_mla  # bound at import, like SGLang does
+    out = {"stand_in": sgl_kernel.HS_TRACER_TESTBED_STAND_IN, "version": sgl_kernel.__version__,
+           "file": sgl_kernel.__file__}
+    try:
+        sgl_kernel.merge_state_v2(1)
+    except NotImplementedError as exc:
+        out["missing_call"] = str(exc)
+    out["missing_submodules"] = []
+    for name in ("sgl_kernel.allreduce", "sgl_kernel.scalar_type"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            out["missing_submodules"].append(name)
+    out["torch_ops"] = hasattr(torch.ops.sgl_kernel, "awq_marlin_repack")
+    from flash_mla.flash_mla_interface import FlashMLASchedMeta
+    import flash_mla
+    from IPython.display import HTML
+    out["flash_mla_stub"] = getattr(flash_mla, "HS_TRACER_TESTBED_STAND_IN", False)
+    import IPython
+    out["ipython_stub"] = getattr(IPython, "HS_TRACER_TESTBED_STAND_IN", False)
+    from sglang.srt.layers.dual_gemm import DualGemm
+    out["dual_gemm_mode"] = DualGemm._select_mode(None, None, 7168)
+    from sglang.srt.distributed.device_communicators.triton_symm_mem_ag import MultimemAllGatherer
+    out["multimem_state"] = repr(MultimemAllGatherer(128, enabled=True)._state)
+    from hs_tracer.integrations.sglang import hooks
+    out["hooks_wrapped"] = [h.__wrapped__.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS]
+    print("RESULT " + json.dumps(out))
+"""
+
+
+def test_sitecustomize_applies_the_gpu_runtime_in_a_fresh_process() -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HS_TRACER", "SGLANG_"))}
+    base["PYTHONPATH"] = str(ROOT)
+    env = launcher.runtime_env({patches.SYNC_DEBUG_FLAG: "1"}, base=base)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(STANDIN_PROBE)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert out["stand_in"] is True and out["version"] == "0.4.10"
+    assert out["file"].startswith(str(launcher.PYTHONPATH_DIR))
+    assert "sgl_kernel.merge_state_v2 was called" in out["missing_call"]
+    assert out["missing_submodules"] == ["sgl_kernel.allreduce", "sgl_kernel.scalar_type"]
+    assert out["torch_ops"] is False  # no fake torch.ops.sgl_kernel names (SGLang probes them)
+    assert out["flash_mla_stub"] is True
+    assert out["ipython_stub"] is False  # a real IPython is installed here: the fallback stays out
+    assert out["dual_gemm_mode"] is None
+    assert out["multimem_state"] == "None"  # NCCL fallback, multicast never tried
+    from hs_tracer.integrations.sglang import hooks
+
+    assert out["hooks_wrapped"] == [h.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS]
+
+
+def test_fallback_finder_serves_modules_only_when_none_is_installed() -> None:
+    finder = standin.FallbackFinder()
+    assert finder.find_spec("flash_mla", None) is not None
+    assert finder.find_spec("numpy", None) is None
+    spec = finder.find_spec("IPython.display", None)
+    module = spec.loader.create_module(spec)
+    spec.loader.exec_module(module)
+    assert module.HTML("x") is None and module.display("x") is None
+    with pytest.raises(standin.UnavailableKernelError):
+        module.anything_else()
+
+
+# ---- sync debug wrapper ---------------------------------------------------------------------------
+def test_sync_checked_arms_error_mode_only_around_the_hook_and_restores_it_on_errors() -> None:
+    calls: list[str] = []
+
+    def hook(x: int) -> int:
+        calls.append(f"hook {x}")
+        if x < 0:
+            raise ValueError("boom")
+        return x
+
+    checked = patches.sync_checked(hook, set_mode=calls.append)
+    assert checked(3) == 3
+    with pytest.raises(ValueError):
+        checked(-1)
+    assert calls == ["error", "hook 3", "default", "error", "hook -1", "default"]
+
+
+def test_arm_sync_debug_wraps_every_registered_hook_in_place() -> None:
+    from hs_tracer.integrations.sglang import hooks
+
+    module = types.SimpleNamespace(HOOKS=list(hooks.HOOKS))
+    patches.arm_sync_debug(module)
+    assert [(t, k) for t, _h, k in module.HOOKS] == [(t, k) for t, _h, k in hooks.HOOKS]
+    pairs = zip(module.HOOKS, hooks.HOOKS, strict=True)
+    assert all(new.__wrapped__ is orig for (_t, new, _k), (_t2, orig, _k2) in pairs)
+    assert "hs_tracer.integrations.sglang.hooks" not in patches.patches({})
+    assert "hs_tracer.integrations.sglang.hooks" in patches.patches({patches.SYNC_DEBUG_FLAG: "1"})
+
+
+# ---- launcher ------------------------------------------------------------------------------------
+def test_runtime_env_keeps_multicast_off_whatever_the_caller_asks() -> None:
+    base = {"PYTHONPATH": f"/x{os.pathsep}{launcher.PYTHONPATH_DIR}", "NVSHMEM_DISABLE_NVLS": "0"}
+    env = launcher.runtime_env({"NCCL_NVLS_ENABLE": "1", "HS_TRACER": "1"}, base=base)
+    assert {k: env[k] for k in launcher.NO_MULTICAST_ENV} == launcher.NO_MULTICAST_ENV
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(launcher.PYTHONPATH_DIR), "/x"]
+    assert env["HS_TRACER"] == "1" and env[launcher.RUNTIME_FLAG] == "1"
+    assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+
+
+def test_production_width_configs_are_deepseek_v3_width(tmp_path: Path) -> None:
+    from hs_tracer.testbed.runtime.gpu.prodwidth import write_models
+
+    out = write_models(tmp_path)
+    target = json.loads((out / "target" / "config.json").read_text())
+    draft = json.loads((out / "draft" / "config.json").read_text())
+    assert target["hidden_size"] == draft["hidden_size"] == 7168
+    assert (target["kv_lora_rank"], target["q_lora_rank"], target["qk_rope_head_dim"]) == (512, 1536, 64)
+    assert max(draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) + 1 < target["num_hidden_layers"]

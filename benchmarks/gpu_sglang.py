@@ -4,7 +4,7 @@ sync checks, and throughput with tracing on vs off at DeepSeek-V3 width. Writes 
 Everything runs on real SGLang engines (``sgl.Engine``, one worker process each, configured with
 SGLang's own command-line arguments) with CUDA graphs and the overlap scheduler on (SGLang's
 defaults; nothing here turns them off), started through the hs_tracer GPU testbed runtime
-(``hs_tracer.testbed.runtime.gpu``: sgl_kernel stand-in, Triton attention and MoE, PyTorch sampling,
+(``hs_tracer_testbed.runtime.gpu``: sgl_kernel stand-in, Triton attention and MoE, PyTorch sampling,
 no NVLink multicast). The engines of one part start in parallel on the same GPUs.
 
 Parts:
@@ -52,11 +52,12 @@ from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "testbed"):  # this checkout's hs_tracer and hs_tracer_testbed
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-from hs_tracer.testbed.runtime.gpu import launcher  # noqa: E402
-from hs_tracer.testbed.runtime.gpu.prodwidth import write_models  # noqa: E402
+from hs_tracer_testbed.runtime.gpu import launcher  # noqa: E402
+from hs_tracer_testbed.runtime.gpu.prodwidth import write_models  # noqa: E402
 
 SGLANG_VERSION = "0.5.23"
 CHAIN = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
@@ -252,10 +253,21 @@ def _spec_counts(outs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _same(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    """Exact equality of two runs' greedy outputs, and how many sequences differ."""
+    differ = sum(x != y for x, y in zip(a, b, strict=True))
+    return {"identical": differ == 0, "sequences_differing": differ, "sequences": len(a)}
+
+
+# (traced, untraced) engines whose greedy outputs must be identical: hs_tracer must change nothing
+ON_OFF = (("chain_on", "chain_off"), ("tree_on", "tree_off"), ("shifted_on", "chain_off"),
+          ("dp_attention_on", "chain_off"))
+
+
 def summarize_testbed(servers: list[Server], runs: dict[str, Any]) -> dict[str, Any]:
-    ids = {name: [o["output_ids"] for rnd in r["rounds"] for o in rnd] for name, r in runs.items()}
-    ref = ids.get("plain")
-    out: dict[str, Any] = {"servers": {}, "lossless": {}}
+    ids = {name: [[o["output_ids"] for o in rnd] for rnd in r["rounds"]] for name, r in runs.items()}
+    out: dict[str, Any] = {"servers": {}, "lossless_vs_plain": {}, "tracing_on_vs_off": {},
+                           "radix_round_2_vs_round_1": {}, "output_ids": ids}
     for s in servers:
         entry: dict[str, Any] = {"args": list(s.args), "traced": s.traced, "startup_s": s.startup_s,
                                  "error": s.error}
@@ -274,11 +286,14 @@ def summarize_testbed(servers: list[Server], runs: dict[str, Any]) -> dict[str, 
             if s.traced:
                 entry["accept_length_reconciliation"] = _reconcile(entry["both_rounds"], entry["schedulers"])
         out["servers"][s.name] = entry
-        if ref is not None and s.name in ids and s.name != "plain":
-            out["lossless"][s.name] = ids[s.name] == ref
-    # round 2 is served from the radix cache: its outputs must equal round 1's
-    out["rounds_equal"] = {n: [o["output_ids"] for o in r["rounds"][0]]
-                           == [o["output_ids"] for o in r["rounds"][1]] for n, r in runs.items()}
+        if s.name in ids:
+            # round 2 re-sends round 1's prompts: its prefill is served from the radix cache
+            out["radix_round_2_vs_round_1"][s.name] = _same(ids[s.name][0], ids[s.name][1])
+            if "plain" in ids and s.name != "plain":
+                out["lossless_vs_plain"][s.name] = [_same(ids["plain"][i], ids[s.name][i]) for i in (0, 1)]
+    for on, off in ON_OFF:
+        if on in ids and off in ids:
+            out["tracing_on_vs_off"][f"{on} vs {off}"] = [_same(ids[on][i], ids[off][i]) for i in (0, 1)]
     return out
 
 
@@ -468,11 +483,11 @@ def measure(name: str, servers: list[Server],
 
 def testbed_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path, Path, Path]:
     """Target, draft, the ids_shifted copy of the draft, and the testbed profile."""
-    from hs_tracer.testbed.miswire import write_variant
+    from hs_tracer_testbed.miswire import write_variant
 
     if args.target is None:
-        from hs_tracer.demo import testbed_profile
-        from hs_tracer.testbed import ensure_testbed
+        from hs_tracer_testbed import ensure_testbed
+        from hs_tracer_testbed.demo import testbed_profile
 
         tb = ensure_testbed()
         target, draft, profile = tb.target, tb.draft, testbed_profile(tb)
@@ -491,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", type=Path)
     ap.add_argument("--profile", type=Path)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3, help="alternating on/off repetitions per batch size")
+    ap.add_argument("--reps", type=int, default=5, help="alternating on/off repetitions per batch size")
     ap.add_argument("--prod-new-tokens", type=int, default=128)
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     ap.add_argument("--dry-run", action="store_true")
@@ -501,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = [p for p in args.parts.split(",") if p]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `timeout` still stops the engines
 
-    from hs_tracer.testbed.corpus import prompts as corpus_prompts
+    from hs_tracer_testbed.corpus import prompts as corpus_prompts
 
     prompts = corpus_prompts(seed=1234, n=16)
     work = Path(tempfile.mkdtemp(prefix="hs-tracer-gpu-"))
@@ -539,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     everything = [s for servers in active.values() for s in servers]
     print(f"== starting {len(everything)} engines: {[s.name for s in everything]}", flush=True)
     t0 = time.monotonic()
-    opcheck = subprocess.Popen([sys.executable, "-m", "hs_tracer.testbed.runtime.gpu.opcheck"],
+    opcheck = subprocess.Popen([sys.executable, "-m", "hs_tracer_testbed.runtime.gpu.opcheck"],
                                env=launcher.runtime_env(), stdout=subprocess.PIPE,
                                stderr=(log_dir / "opcheck.log").open("w"), text=True)
     start_all(everything, log_dir, work)
@@ -603,7 +618,8 @@ def markdown(r: dict[str, Any]) -> str:
             slots = "; ".join(f"{x['index']}: {x['expected_source']}->{x['observed_source']}"
                               for sc in sch if sc.get("emitting") for x in sc.get("slots") or [])
             lines.append(
-                f"| {name} | {s.get('startup_s')} | {tb.get('lossless', {}).get(name, '-')} | "
+                f"| {name} | {s.get('startup_s')} | "
+                f"{_identical(tb.get('lossless_vs_plain', {}).get(name))} | "
                 f"{_f(both.get('pooled_accept_length'))} | "
                 f"{_f(both.get('per_request_mean_accept_length'))} | "
                 f"{_f(rec.get('hs_tracer_pooled_accept_length'))} | {rec.get('pooled_equal', '-')} | "
@@ -612,6 +628,12 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{[sc.get('ranks') for sc in sch if sc.get('emitting')] if sch else '-'} | {slots or '-'} |")
             if s.get("error"):
                 lines.append(f"|  | error: {s['error'][:300].replace('|', '/')} |||||||||| ")
+        lines += ["", "Greedy outputs, identical per round (round 1 / round 2; round 2 is served from the "
+                  "radix cache):", ""]
+        for pair, same in (tb.get("tracing_on_vs_off") or {}).items():
+            lines.append(f"- tracing on vs off, {pair}: {_identical(same)}")
+        for name, same in (tb.get("radix_round_2_vs_round_1") or {}).items():
+            lines.append(f"- {name}, round 2 vs round 1: {_identical([same])}")
         if tb.get("error"):
             lines += ["", f"Part error: {tb['error']}"]
         lines.append("")
@@ -634,6 +656,13 @@ def markdown(r: dict[str, Any]) -> str:
         if pr.get("error"):
             lines += [f"Part error: {pr['error']}", ""]
     return "\n".join(lines) + "\n"
+
+
+def _identical(rounds: list[dict[str, Any]] | None) -> str:
+    if not rounds:
+        return "-"
+    return " / ".join("identical" if r["identical"] else f"{r['sequences_differing']}/{r['sequences']} differ"
+                      for r in rounds)
 
 
 def _f(x: Any) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hs_tracer.testbed.runtime.gpu import launcher, ops, patches, standin
+from hs_tracer_testbed.runtime.gpu import launcher, ops, patches, standin
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ STANDIN_PROBE = """
     from sglang.srt.distributed.device_communicators.triton_symm_mem_ag import MultimemAllGatherer
     out["multimem_state"] = repr(MultimemAllGatherer(128, enabled=True)._state)
     from hs_tracer.integrations.sglang import hooks
-    out["hooks_wrapped"] = [h.__wrapped__.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS]
+    out["hooks_wrapped"] = [h.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS if hasattr(h, "__wrapped__")]
     print("RESULT " + json.dumps(out))
 """
 
@@ -179,7 +179,9 @@ def test_sitecustomize_applies_the_gpu_runtime_in_a_fresh_process() -> None:
     assert out["multimem_state"] == "None"  # NCCL fallback, multicast never tried
     from hs_tracer.integrations.sglang import hooks
 
-    assert out["hooks_wrapped"] == [h.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS]
+    serving = [h.__hs_tracer_where__ for t, h, _k in hooks.HOOKS
+               if t.rsplit(".", 1)[-1] not in patches.STARTUP_HOOKS]
+    assert out["hooks_wrapped"] == serving and len(serving) == 5
 
 
 def test_fallback_finder_serves_modules_only_when_none_is_installed() -> None:
@@ -211,16 +213,35 @@ def test_sync_checked_arms_error_mode_only_around_the_hook_and_restores_it_on_er
     assert calls == ["error", "hook 3", "default", "error", "hook -1", "default"]
 
 
-def test_arm_sync_debug_wraps_every_registered_hook_in_place() -> None:
+def test_arm_sync_debug_wraps_the_serving_time_hooks_in_place() -> None:
     from hs_tracer.integrations.sglang import hooks
 
     module = types.SimpleNamespace(HOOKS=list(hooks.HOOKS))
     patches.arm_sync_debug(module)
     assert [(t, k) for t, _h, k in module.HOOKS] == [(t, k) for t, _h, k in hooks.HOOKS]
-    pairs = zip(module.HOOKS, hooks.HOOKS, strict=True)
-    assert all(new.__wrapped__ is orig for (_t, new, _k), (_t2, orig, _k2) in pairs)
+    for (target, new, _k), (_t, orig, _k2) in zip(module.HOOKS, hooks.HOOKS, strict=True):
+        startup = target.rsplit(".", 1)[-1] in patches.STARTUP_HOOKS
+        assert (new is orig) if startup else (new.__wrapped__ is orig), target
+    assert sum(new is not orig for (_t, new, _k), (_t2, orig, _k2) in zip(module.HOOKS, hooks.HOOKS,
+                                                                            strict=True)) == 5
     assert "hs_tracer.integrations.sglang.hooks" not in patches.patches({})
     assert "hs_tracer.integrations.sglang.hooks" in patches.patches({patches.SYNC_DEBUG_FLAG: "1"})
+
+
+def test_narrow_mla_decode_loads_v_itself_only_where_the_latent_tile_is_wider() -> None:
+    """SGLang's grouped decode kernel reuses the K tile as V for MLA, which only fits when both pad to
+    the same power of two (DeepSeek's 576/512 and 288/256 have their own tiles). The testbed's 40/32
+    failed to compile; there the kernel loads V from the value buffer instead."""
+    from sglang.kernels.ops.attention import decode_attention
+
+    assert callable(decode_attention._decode_grouped_att_m_fwd)  # the patched name exists in 0.5.23
+    seen: list[bool] = []
+    module = types.SimpleNamespace(
+        _decode_grouped_att_m_fwd=lambda q, k, v, *a, has_mla=False, **kw: seen.append(has_mla))
+    patches.narrow_mla_decode(module)
+    for lk, lv, mla in ((40, 32, True), (576, 512, True), (288, 256, True), (64, 64, True), (40, 32, False)):
+        module._decode_grouped_att_m_fwd(None, torch.empty(1, 1, lk), torch.empty(1, 1, lv), 0, has_mla=mla)
+    assert seen == [False, True, True, True, False]
 
 
 # ---- launcher ------------------------------------------------------------------------------------
@@ -228,13 +249,14 @@ def test_runtime_env_keeps_multicast_off_whatever_the_caller_asks() -> None:
     base = {"PYTHONPATH": f"/x{os.pathsep}{launcher.PYTHONPATH_DIR}", "NVSHMEM_DISABLE_NVLS": "0"}
     env = launcher.runtime_env({"NCCL_NVLS_ENABLE": "1", "HS_TRACER": "1"}, base=base)
     assert {k: env[k] for k in launcher.NO_MULTICAST_ENV} == launcher.NO_MULTICAST_ENV
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(launcher.PYTHONPATH_DIR), "/x"]
+    want = [str(launcher.PYTHONPATH_DIR), "/x", str(launcher.PACKAGE_ROOT)]
+    assert env["PYTHONPATH"].split(os.pathsep) == want
     assert env["HS_TRACER"] == "1" and env[launcher.RUNTIME_FLAG] == "1"
     assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
 
 
 def test_production_width_configs_are_deepseek_v3_width(tmp_path: Path) -> None:
-    from hs_tracer.testbed.runtime.gpu.prodwidth import write_models
+    from hs_tracer_testbed.runtime.gpu.prodwidth import write_models
 
     out = write_models(tmp_path)
     target = json.loads((out / "target" / "config.json").read_text())
@@ -242,3 +264,43 @@ def test_production_width_configs_are_deepseek_v3_width(tmp_path: Path) -> None:
     assert target["hidden_size"] == draft["hidden_size"] == 7168
     assert (target["kv_lora_rank"], target["q_lora_rank"], target["qk_rope_head_dim"]) == (512, 1536, 64)
     assert max(draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) + 1 < target["num_hidden_layers"]
+
+
+# ---- defects the GPU run exposed ------------------------------------------------------------------
+def test_probe_is_built_at_startup_not_on_the_first_serving_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the fingerprint probe compiles its kernel and synchronises; on the H200 that
+    happened inside the first prefill's hook (caught by sync-debug mode). It now happens when
+    startup finishes, for the width the draft expects; another width rebuilds it once."""
+    from hs_tracer.config import TracerConfig
+    from hs_tracer.integrations.sglang import state as state_mod
+    from hs_tracer.records import Ranks
+
+    class NoRecorder:
+        def __init__(self, _st: object) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(state_mod, "_ranks", lambda: (Ranks(), True))
+    monkeypatch.setattr("hs_tracer.export.recorder.Recorder", NoRecorder)
+    built: list[int] = []
+    make = state_mod.TracerState._make_probe
+    monkeypatch.setattr(state_mod.TracerState, "_make_probe",
+                        lambda self, width, device: built.append(width) or make(self, width, device))
+    st = state_mod.TracerState(TracerConfig())
+    st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "t", "num_layers": 8,
+                 "hidden_size": 64, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
+    st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
+    st.draft = {"fc_in_features": 192, "num_aux_hidden_states": 3, "graph_width": 192}
+    st.finish_startup("cpu")
+    assert built == [192] and st.probe is not None
+    probe = st.probe
+    st.observe(torch.randn(4, 192))
+    assert built == [192] and st.probe is probe and probe.steps == 1
+    st.observe(torch.randn(4, 128))  # a width startup did not expect: rebuilt once
+    st.observe(torch.randn(4, 128))
+    assert built == [192, 128]
+    st.observe(torch.randn(4, 100))  # no probe possible: tried once, not on every step
+    st.observe(torch.randn(4, 100))
+    assert built == [192, 128, 100] and st.probe is None

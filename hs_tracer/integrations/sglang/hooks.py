@@ -90,7 +90,7 @@ def after_init_draft_cuda_graphs(st: TracerState, _result: Any, worker: Any, *_a
     buffers = getattr(runner, "buffers", None)
     hidden = getattr(buffers, "hidden_states", None)
     st.draft["graph_width"] = int(hidden.shape[1]) if hidden is not None else None
-    st.finish_startup()
+    st.finish_startup(getattr(worker, "device", None))
 
 
 # ---- capture metadata (graph capture and eager prefill; not per step under CUDA graphs) ------------

@@ -59,6 +59,7 @@ class TracerState:
     emitting: bool = True  # False on ranks other than attention-TP rank 0
     # Step path.
     probe: FingerprintProbe | None = None
+    probe_width: int | None = None  # the draft-input width the probe was (or could not be) built for
     step: int = 0
     tokens_in_window: int = 0
     input_width: int | None = None
@@ -107,9 +108,10 @@ class TracerState:
     def note_handoff_width(self, width: int) -> None:
         self.handoff_widths.append(width)
 
-    def finish_startup(self) -> None:
-        """All startup hooks have run: build the wiring record, run the static checks, start
-        the recorder."""
+    def finish_startup(self, device: Any = None) -> None:
+        """All startup hooks have run: build the wiring record, run the static checks, build the
+        fingerprint probe on ``device`` (its construction compiles and synchronises once: at
+        startup, not on the first serving step), start the recorder."""
         from hs_tracer import sources
         from hs_tracer.diagnosis import wiring as static
         from hs_tracer.integrations.sglang.versions import installed_version
@@ -144,6 +146,11 @@ class TracerState:
         if self.emitting:
             from hs_tracer.export.recorder import Recorder
 
+            width = self.draft.get("graph_width") or self.draft.get("fc_in_features")
+            if device is not None and width:
+                self.probe_width = int(width)
+                self.probe = self._make_probe(self.probe_width, device)
+
             if self.config.capture_dir is not None:
                 from hs_tracer.export.capture import make_sink
 
@@ -169,7 +176,8 @@ class TracerState:
         width = int(features.shape[-1])
         self.input_width = width
         probe = self.probe
-        if probe is None:
+        if width != self.probe_width:  # not what startup expected (the width finding says why)
+            self.probe_width = width
             probe = self.probe = self._make_probe(width, features.device)
         if probe is not None:
             probe.observe(features, self.step)

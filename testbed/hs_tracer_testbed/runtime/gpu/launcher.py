@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import IO, Any
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+# Where hs_tracer_testbed itself is importable from (the ``sitecustomize`` imports it at interpreter
+# start in every engine process).
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
 RUNTIME_FLAG = "HS_TRACER_TESTBED_GPU_RUNTIME"
 REPLY = "HS-TRACER-WORKER "  # prefix of the worker's answer lines on its private stdout
 
@@ -58,11 +61,13 @@ SERVER_FLAGS = (
 
 def runtime_env(extra: Mapping[str, str] | None = None,
                 base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The full environment for a server process: ``base`` + the runtime's settings + ``extra``,
-    with the stand-in directory first on PYTHONPATH."""
-    parts = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(PYTHONPATH_DIR)]
+    """The full environment for an engine process: ``base`` + the runtime's settings + ``extra``,
+    with the stand-in directory first on PYTHONPATH and the testbed's package root last (where it is
+    site-packages it must not shadow the caller's path)."""
+    ours = (str(PYTHONPATH_DIR), str(PACKAGE_ROOT))
+    parts = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
     env = {**base, **RUNTIME_ENV, **(extra or {})}
-    env["PYTHONPATH"] = os.pathsep.join([str(PYTHONPATH_DIR), *parts])
+    env["PYTHONPATH"] = os.pathsep.join([ours[0], *parts, ours[1]])
     for key, value in NO_MULTICAST_ENV.items():  # never overridable
         env[key] = value
     return env
@@ -70,7 +75,7 @@ def runtime_env(extra: Mapping[str, str] | None = None,
 
 def worker_command(model: Path | str, args: Sequence[str] = ()) -> list[str]:
     """The command of one engine worker (:mod:`.worker`), with SGLang's CLI arguments."""
-    return [sys.executable, "-m", "hs_tracer.testbed.runtime.gpu.worker", "--model-path", str(model),
+    return [sys.executable, "-m", "hs_tracer_testbed.runtime.gpu.worker", "--model-path", str(model),
             *SERVER_FLAGS, *args]
 
 

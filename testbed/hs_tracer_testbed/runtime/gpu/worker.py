@@ -14,7 +14,7 @@ import sys
 import traceback
 from typing import Any, TextIO
 
-from hs_tracer.testbed.runtime.gpu.launcher import REPLY
+from hs_tracer_testbed.runtime.gpu.launcher import REPLY
 
 
 def _answer(out: TextIO, **reply: Any) -> None:

@@ -3,7 +3,7 @@
 not synchronise). Prints one JSON line; run with the GPU runtime's environment
 (``launcher.runtime_env()``) so SGLang's references import on CUDA::
 
-    python -m hs_tracer.testbed.runtime.gpu.opcheck
+    python -m hs_tracer_testbed.runtime.gpu.opcheck
 
 References: SGLang's own ``forward_native`` (RMSNorm, SiluAndMul), SGLang's Triton twins
 (``moe_align_small_numel``, ``moe_sum_reduce_triton``), and plain torch where SGLang has none.
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hs_tracer.testbed.runtime.gpu import ops
+from hs_tracer_testbed.runtime.gpu import ops
 
 
 def _graph_replay(fn: Callable[[], Any]) -> None:

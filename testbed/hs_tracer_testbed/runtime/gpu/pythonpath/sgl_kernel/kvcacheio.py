@@ -3,7 +3,7 @@ called with the hierarchical cache off)."""
 
 from typing import Any
 
-from hs_tracer.testbed.runtime.gpu.standin import missing_op
+from hs_tracer_testbed.runtime.gpu.standin import missing_op
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,7 @@ launcher's flag ``HS_TRACER_TESTBED_GPU_RUNTIME=1`` is set.
 import os
 
 if os.environ.get("HS_TRACER_TESTBED_GPU_RUNTIME") == "1":
-    from hs_tracer.testbed.runtime.gpu import patches, standin
+    from hs_tracer_testbed.runtime.gpu import patches, standin
 
     standin.install_fallbacks()
     patches.install()

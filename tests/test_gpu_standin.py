@@ -304,3 +304,32 @@ def test_probe_is_built_at_startup_not_on_the_first_serving_step(monkeypatch: py
     st.observe(torch.randn(4, 100))  # no probe possible: tried once, not on every step
     st.observe(torch.randn(4, 100))
     assert built == [192, 128, 100] and st.probe is None
+
+
+def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the overlap scheduler a verify batch still holds requests that finished (or were retracted)
+    in the step before; SGLang discards their tokens and does not count the step in spec_verify_ct.
+    On the H200 hs_tracer counted them (793 request-steps against SGLang's 773); now it skips them."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from hs_tracer.config import TracerConfig
+    from hs_tracer.integrations.sglang import hooks, state
+
+    reqs = [Req(f"r{i}", "", array("i", [1, 2, 3]), SamplingParams(max_new_tokens=8)) for i in range(4)]
+    reqs[1].finished_reason = FINISH_LENGTH(8)
+    reqs[2].is_retracted = True
+    monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
+    st = state.install(TracerConfig())
+    recorded: list[dict] = []
+    monkeypatch.setattr(st, "record_step", lambda **kw: recorded.append(kw))
+    result = types.SimpleNamespace(accept_lens=torch.tensor([3, 4, 2, 1]), speculative_num_draft_tokens=4)
+    hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))
+    assert st.hook_errors == 0
+    assert [(r["request_ids"], r["accept_lengths"]) for r in recorded] == [(["r0", "r3"], [3, 1])]
+    for r in reqs:
+        r.finished_reason = FINISH_LENGTH(8)
+    hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))
+    assert len(recorded) == 1  # a batch of finished requests only is no verify step

@@ -134,12 +134,20 @@ def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
 @state.guarded("SchedulerBatchResultProcessor._resolve_spec_v2_tokens")
 def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any, result: Any,
                                  batch: Any) -> None:
-    """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step."""
-    reqs = batch.reqs
+    """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step.
+
+    Only the requests SGLang commits tokens for count, as in its own ``spec_verify_ct``: with the
+    overlap scheduler a batch still carries requests that finished (or were retracted) in the step
+    before, and their accepted tokens are thrown away."""
+    lengths = result.accept_lens.tolist()
+    live = [(r, n) for r, n in zip(batch.reqs, lengths, strict=False)  # lengths may be padded
+            if not (getattr(r, "is_retracted", False) or r.finished())]
+    if not live:
+        return
     st.record_step(
-        accept_lengths=result.accept_lens.tolist(),
-        request_ids=[r.rid for r in reqs],
-        trace_ctxs=[getattr(getattr(r, "time_stats", None), "trace_ctx", None) for r in reqs],
+        accept_lengths=[n for _r, n in live],
+        request_ids=[r.rid for r, _n in live],
+        trace_ctxs=[getattr(getattr(r, "time_stats", None), "trace_ctx", None) for r, _n in live],
         num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
     )
 

@@ -227,9 +227,15 @@ def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int) 
         for _ in range(2):  # round 2 re-sends the prompts: served from the radix cache
             outs = generate(s, {"prompt": prompts, "sampling_params": sampling})
             rounds.append(outs)
-        metrics = scrape(METRICS_BASE_PORT) if "HS_TRACER_METRICS_PORT" in s.env else None
-        metrics_dp1 = scrape(METRICS_BASE_PORT + 64) if metrics is not None else None
-        return s.name, {"rounds": rounds, "reports": reports(s), "metrics": [metrics, metrics_dp1]}
+        reps = reports(s)
+        metrics = None
+        if "HS_TRACER_METRICS_PORT" in s.env:  # each emitting scheduler serves its own port
+            from hs_tracer.export.prometheus import metrics_port_for
+            from hs_tracer.records import Ranks
+
+            metrics = [scrape(metrics_port_for(Ranks(**rep["ranks"]), METRICS_BASE_PORT))
+                       for rep in reps if rep.get("emitting") and rep.get("ranks")]
+        return s.name, {"rounds": rounds, "reports": reps, "metrics": metrics}
 
     with ThreadPoolExecutor(len(live) or 1) as pool:
         for name, res in pool.map(one, live):
@@ -278,11 +284,10 @@ def summarize_testbed(servers: list[Server], runs: dict[str, Any]) -> dict[str, 
             entry["both_rounds"] = _spec_counts(r["rounds"][0] + r["rounds"][1])
             entry["sample_text"] = r["rounds"][0][0].get("text", "")[:120]
             entry["schedulers"] = [_report_summary(rep) for rep in r["reports"]]
-            if r["metrics"][0] is not None:
-                entry["metrics_verify_steps_by_dp_rank"] = [counter(t or "", "hs_tracer_verify_steps")
-                                                            for t in r["metrics"]]
-                entry["metrics_dp_labels"] = [sorted(set(re.findall(r'dp="(\d+)"', t or "")))
-                                              for t in r["metrics"]]
+            if r["metrics"] is not None:  # one scrape per emitting scheduler
+                entry["metrics_verify_steps"] = [counter(t, "hs_tracer_verify_steps") for t in r["metrics"]]
+                entry["metrics_dp_rank_labels"] = [sorted(set(re.findall(r'dp_rank="(\d+)"', t)))
+                                                   for t in r["metrics"]]
             if s.traced:
                 entry["accept_length_reconciliation"] = _reconcile(entry["both_rounds"], entry["schedulers"])
         out["servers"][s.name] = entry
@@ -458,7 +463,8 @@ def multicast_check(servers: list[Server]) -> dict[str, Any]:
     hits: dict[str, list[str]] = {}
     for s in servers:
         lines = [ln for ln in tail(s.log_path, 10**7).splitlines()
-                 if re.search(r"multicast|symm_mem|symmetric memory|NVLS|multimem", ln, re.I)]
+                 if re.search(r"multicast|symm_mem|symmetric memory|NVLS|multimem", ln, re.I)
+                 and "server_args=" not in ln]
         hits[s.name] = lines[:10]
     return hits
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -59,7 +60,10 @@ def multimem_off(module: ModuleType) -> None:
 
     cls.__init__ = init
     cls._hs_tracer_multimem_off = True
-    logger.info("hs_tracer GPU testbed: MultimemAllGatherer forced to its NCCL fallback (no multicast)")
+    # To stderr directly: this runs at import, before SGLang configures logging, and the line is the
+    # run's evidence that no multicast path is taken.
+    print("hs_tracer GPU testbed: MultimemAllGatherer forced to its NCCL fallback (no multicast)",
+          file=sys.stderr, flush=True)
 
 
 def _pow2(n: int) -> int:

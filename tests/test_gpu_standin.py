@@ -155,7 +155,8 @@ STANDIN_PROBE = """
     from sglang.srt.distributed.device_communicators.triton_symm_mem_ag import MultimemAllGatherer
     out["multimem_state"] = repr(MultimemAllGatherer(128, enabled=True)._state)
     from hs_tracer.integrations.sglang import hooks
-    out["hooks_wrapped"] = [h.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS if hasattr(h, "__wrapped__")]
+    out["hooks_wrapped"] = [h.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS
+                            if getattr(h, "__hs_tracer_sync_checked__", False)]
     print("RESULT " + json.dumps(out))
 """
 

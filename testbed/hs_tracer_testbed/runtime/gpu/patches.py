@@ -100,6 +100,7 @@ def sync_checked(hook: Callable[..., Any],
         finally:
             set_mode("default")
 
+    checked.__hs_tracer_sync_checked__ = True  # type: ignore[attr-defined]
     return checked
 
 

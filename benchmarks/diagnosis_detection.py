@@ -35,7 +35,8 @@ from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile import build
 from hs_tracer.profile.model import NamedStats, Profile
-from hs_tracer_testbed.evaluate import detection_rates, pool_from_testbed, scenarios
+from hs_tracer_testbed.evaluate import detection_rates, pool_from_testbed
+from hs_tracer_testbed.miswire import fed_sources as scenarios
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnosis_detection.json"
 SIZES = (64, 128, 256, 512, 1024, 2048)

@@ -22,7 +22,8 @@ from hs_tracer.profile import build
 from hs_tracer.profile.capture_format import CaptureManifest, CaptureWriter
 from hs_tracer.profile.model import Profile
 from hs_tracer.sources import Convention
-from hs_tracer_testbed.evaluate import StatePool, judge, pool_from_testbed, scenarios, stats_of
+from hs_tracer_testbed.evaluate import StatePool, judge, pool_from_testbed, stats_of
+from hs_tracer_testbed.miswire import fed_sources as scenarios
 
 WINDOW = 512  # tokens per live window in these tests (docs/diagnosis.md: decisions from 256 on)
 

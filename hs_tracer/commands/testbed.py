@@ -13,7 +13,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "build",
         help="train the tiny DeepSeek-V3 target and its EAGLE-3 draft, dump SpecForge/speculators data",
         description=(
-            "Writes DIR/target (DeepseekV3ForCausalLM), DIR/draft (LlamaForCausalLMEagle3), "
+            "Writes DIR/target (DeepseekV3ForCausalLM), DIR/draft (LlamaForCausalLMEagle3), the same "
+            "pair in Kimi-K2.5's formats as DIR/kimi/target (KimiK25ForConditionalGeneration) and "
+            "DIR/kimi/draft (Eagle3DeepseekV2ForCausalLM, MLA), "
             "DIR/data/{specforge,speculators,atlas,other} and DIR/manifest.json (layer ids, sources, "
             "seeds, versions, measured accept lengths). Same recipe and machine give the same files."
         ),
@@ -94,6 +96,7 @@ def run_build(args: argparse.Namespace) -> int:
     m = paths.load_manifest()
     acc = m["accept_length"]
     print(f"testbed written to {paths.root} (recipe {m['recipe_hash']})")
+    print(f"  Kimi-K2.5 format: target {paths.kimi_target}, draft {paths.kimi_draft}")
     layers = m["layers"]
     print(f"  draft eagle_aux_hidden_state_layer_ids {layers['draft_config_ids']} -> {layers['aux_sources']}")
     for name, rec in acc.items():

@@ -78,6 +78,8 @@ class TestbedPaths:
     root: Path
     target: Path
     draft: Path
+    kimi_target: Path  # the same target as Kimi-K2.5 ships it (hs_tracer_testbed.kimi)
+    kimi_draft: Path  # the same draft in Kimi-K2.5's MLA draft format
     specforge_data: Path
     speculators_data: Path
     atlas_data: Path
@@ -91,6 +93,8 @@ class TestbedPaths:
             root=root,
             target=root / "target",
             draft=root / "draft",
+            kimi_target=root / "kimi" / "target",
+            kimi_draft=root / "kimi" / "draft",
             specforge_data=data / "specforge",
             speculators_data=data / "speculators",
             atlas_data=data / "atlas",
@@ -321,6 +325,7 @@ def _build(out_dir: Path, recipe: Recipe, progress: bool, from_scratch: bool) ->
     else:
         draft, draft_log = _make_draft(paths, recipe, target_cfg, plan, mapping, target, progress)
     timings["draft_s"] = time.perf_counter() - t2
+    write_kimi(paths)
     t3 = time.perf_counter()
     measurements = measure(target, draft, recipe, progress)
     timings["measure_s"] = time.perf_counter() - t3
@@ -337,11 +342,28 @@ def _build(out_dir: Path, recipe: Recipe, progress: bool, from_scratch: bool) ->
         "paths": {k: str(Path(v).relative_to(out_dir)) for k, v in asdict(paths).items() if k != "root"},
         "target": {"architecture": "DeepseekV3ForCausalLM", "final_train_loss": target_log.get("final_loss")},
         "draft": {"architecture": "LlamaForCausalLMEagle3", "train_log_tail": draft_log[-3:]},
+        "kimi": {"target": "KimiK25ForConditionalGeneration", "draft": "Eagle3DeepseekV2ForCausalLM"},
         "accept_length": measurements,
     }
     (paths.root / "build_log.json").write_text(json.dumps({"timings_s": timings}, indent=2) + "\n")
     paths.manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return paths
+
+
+def write_kimi(paths: TestbedPaths) -> None:
+    """Write the Kimi-K2.5-format target and draft (derived from the built pair; seconds), through
+    a temporary directory renamed into place."""
+    from hs_tracer_testbed import kimi
+
+    final = paths.kimi_target.parent
+    tmp = final.with_name(f".{final.name}.building")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    kimi.write_target(paths.target, tmp / paths.kimi_target.name)
+    kimi.write_draft(paths.draft, paths.target, tmp / paths.kimi_draft.name)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
 
 
 def default_cache_root() -> Path:
@@ -380,10 +402,12 @@ def ensure_testbed(
     base = Path(root) if root is not None else default_cache_root()
     final = base / recipe.digest()
     paths = TestbedPaths.under(final)
-    if paths.manifest.exists():
+    if paths.manifest.exists() and paths.kimi_draft.exists():
         return paths
     with _locked(base / f".{recipe.digest()}.lock"):
         if paths.manifest.exists():
+            if not paths.kimi_draft.exists():  # cached before the Kimi-K2.5 pair existed
+                write_kimi(paths)
             return paths
         tmp = base / f".{recipe.digest()}.building"
         build(tmp, recipe, progress)

@@ -18,6 +18,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import state
+from hs_tracer.integrations.sglang.draft_layout import read_draft
 from hs_tracer.integrations.sglang.state import TracerState
 
 
@@ -62,19 +63,9 @@ def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) ->
 
 @state.guarded("EagleDraftWorker.init_lm_head")
 def after_init_lm_head(st: TracerState, _result: Any, worker: Any) -> None:
-    """What the loaded draft expects: fc input width, number of aux states, norms, vocab map."""
-    draft = worker.draft_runner.model
-    body = getattr(draft, "model", draft)
-    fc = getattr(body, "fc", None)
-    hot = getattr(draft, "hot_token_id", None)
-    st.draft = {
-        "architecture": type(draft).__name__,
-        "fc_in_features": int(fc.in_features) if fc is not None else None,
-        "num_aux_hidden_states": getattr(body, "num_aux_hidden_states", None),
-        "fc_norm": getattr(body, "fc_norm", None) is not None,
-        "input_norm": getattr(body, "input_norm", None) is not None,
-        "draft_vocab_size": int(hot.numel()) if hot is not None else None,
-    }
+    """What the loaded draft expects: fc input width, number of aux states, norms, vocab map
+    (read per draft class: draft_layout.py)."""
+    st.draft = read_draft(worker.draft_runner.model)
     st.spec_args = {
         "speculative_algorithm": str(worker.speculative_algorithm.name),
         "speculative_num_steps": int(worker.speculative_num_steps),

@@ -39,6 +39,8 @@ DEFAULT_ENGINE_KWARGS: dict[str, Any] = {
     "max_total_tokens": 4096,
     "random_seed": 0,
     "log_level": "warning",
+    # Text only: a multimodal target (Kimi-K2.5's wrapper) would otherwise need its image processor.
+    "enable_multimodal": False,
 }
 
 

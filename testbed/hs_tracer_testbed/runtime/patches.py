@@ -16,10 +16,15 @@ once if it is already imported, so installing them costs nothing at interpreter 
   pure-torch ops. ``cpu_has_amx_support()`` itself stays False (it probes for the
   ``convert_weight_packed`` op, which the testbed never registers), so linear, MoE, norm and
   embedding layers keep their ``forward_native`` paths.
+* ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
+  ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
+  raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.abc
 import sys
 from collections.abc import Callable
@@ -27,6 +32,7 @@ from types import ModuleType
 
 HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
 RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
+KIMI_DRAFT_MODULE = "sglang.srt.models.kimi_k25_eagle3"
 MLA_BACKENDS = ("torch_native", "intel_amx")
 
 
@@ -50,9 +56,35 @@ def override_amx_platform_fact(module: ModuleType) -> None:
     module.override_platform(has_amx=True).install()
 
 
+@contextlib.contextmanager
+def _no_cuda_cache_calls() -> object:
+    import torch
+
+    saved = torch.cuda.empty_cache, torch.cuda.synchronize
+    torch.cuda.empty_cache = torch.cuda.synchronize = lambda *_a, **_k: None
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache, torch.cuda.synchronize = saved
+
+
+def cpu_embed_sharing(module: ModuleType) -> None:
+    cls = module.Eagle3DeepseekV2ForCausalLM
+    for name in ("set_embed", "set_embed_and_head"):
+        original = getattr(cls, name)
+
+        @functools.wraps(original)
+        def wrapper(self: object, *args: object, _original: Callable[..., None] = original) -> None:
+            with _no_cuda_cache_calls():
+                _original(self, *args)
+
+        setattr(cls, name, wrapper)
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     HANDLER_MODULE: register_mla_handlers,
     RUNTIME_CONTEXT_MODULE: override_amx_platform_fact,
+    KIMI_DRAFT_MODULE: cpu_embed_sharing,
 }
 
 

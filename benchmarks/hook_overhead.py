@@ -27,6 +27,7 @@ from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import hooks, state
+from hs_tracer.integrations.sglang.steps import StepPath
 from hs_tracer.records import Ranks, WiringRecord
 
 BATCH, DRAFT_TOKENS, HIDDEN, SLOTS = 32, 4, 7168, 3
@@ -65,7 +66,7 @@ def make_state() -> state.TracerState:
                              hidden_size=HIDDEN, layers_to_capture=[2, 30, 58],
                              sources=["block:1", "block:29", "block:57"])
     st.ranks = Ranks()
-    st.probe = CountingProbe()  # type: ignore[assignment]
+    st.steps = StepPath(CountingProbe(), None, 1 << 30, st.ranks, st._enqueue)  # type: ignore[arg-type]
     return st
 
 
@@ -77,7 +78,8 @@ def main() -> None:
 
     st = make_state()
     features = torch.empty(BATCH * DRAFT_TOKENS, SLOTS * HIDDEN, dtype=torch.bfloat16, device="meta")
-    batch = SimpleNamespace(reqs=[SimpleNamespace(rid=f"req-{i}", time_stats=SimpleNamespace(trace_ctx=None))
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid=f"req-{i}", time_stats=SimpleNamespace(trace_ctx=None),
+                                                  is_retracted=False, finished=lambda: False)
                                   for i in range(BATCH)])
     result = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=features),
                              accept_lens=torch.randint(1, DRAFT_TOKENS + 1, (BATCH,), dtype=torch.int32),

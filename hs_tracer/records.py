@@ -14,12 +14,19 @@ from hs_tracer.fingerprint.stats import StepDigest
 
 @dataclass(frozen=True)
 class Ranks:
+    """One scheduler's place: ``dp`` is the data-parallel replica (SGLang's ``dp_rank``, 0 without a
+    DP controller), ``attn_dp`` the attention-DP rank inside the replica (``--enable-dp-attention``).
+    With ``--dp-size N`` and no DP attention every replica has attention-DP rank 0: only ``dp``
+    tells them apart."""
+
     tp: int = 0
     pp: int = 0
     dp: int = 0
+    attn_dp: int = 0
 
     def labels(self) -> dict[str, str]:
-        return {"tp_rank": str(self.tp), "pp_rank": str(self.pp), "dp_rank": str(self.dp)}
+        return {"tp_rank": str(self.tp), "pp_rank": str(self.pp), "dp_rank": str(self.dp),
+                "attn_dp_rank": str(self.attn_dp)}
 
 
 @dataclass
@@ -63,3 +70,7 @@ class StepRecord:
     # SGLang's per-request trace contexts (aligned with accept_lengths), for request-trace events.
     # Engine objects: the recorder hands them to the OTel exporter and never exports them itself.
     trace_ctxs: list[Any] = field(default_factory=list, repr=False, compare=False)
+    # The longest accept length this step can have (speculative_num_steps + 1): with topk > 1 the
+    # tree holds more draft tokens than positions that can be accepted.
+    max_accept_length: int | None = None
+    host_overhead_s: float = 0.0  # host time in the per-step hooks since the previous record

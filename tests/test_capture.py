@@ -169,3 +169,19 @@ def test_accept_lengths_are_written_once_steps_stop(tmp_path: Path, monkeypatch:
     assert sink.poll() == 1
     ((_n, shard),) = list(iter_shards(tmp_path))
     assert shard.features.shape[0] == 0 and shard.accept_lengths.tolist() == [2, 3]
+
+
+def test_an_oversized_prefill_is_refused_before_any_host_copy(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget is decided from the shape: no copy, no pinned buffer for a prefill that cannot fit."""
+    from hs_tracer.export import capture as capture_mod
+
+    sink = CaptureSink(tmp_path / "cap", _wiring(), rate=1.0, max_bytes=64 * 1024)
+    copies: list[object] = []
+    monkeypatch.setattr(capture_mod, "_host_copy", lambda t: copies.append(t) or (t.clone(), False))
+    big = torch.zeros(4096, 3 * H)
+    sink.offer_prefill(big, torch.zeros(4096, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       [0], [4096])
+    assert copies == [] and sink.dropped == 1 and not sink.pending
+    sink.poll()
+    assert read_manifest(sink.path).skipped == 1

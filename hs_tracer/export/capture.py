@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,11 +90,13 @@ def _host_copy(t: Any) -> tuple[Any, bool]:
 
 
 def capture_path(root: Path, ranks: Ranks | None) -> Path:
-    """Where one scheduler writes: ``root`` itself for pp/dp rank 0 (the usual single-process view),
-    ``root/pp<i>-dp<j>`` for the others (only attention-TP rank 0 of each captures)."""
-    if ranks is None or (ranks.pp == 0 and ranks.dp == 0):
+    """Where one scheduler writes: ``root`` itself for pp, DP-replica and attention-DP rank 0 (the
+    usual single-process view), ``root/pp<i>-dp<j>`` (plus ``-adp<k>`` with DP attention) for the
+    others (only attention-TP rank 0 of each captures)."""
+    if ranks is None or (ranks.pp == 0 and ranks.dp == 0 and ranks.attn_dp == 0):
         return root
-    return root / f"pp{ranks.pp}-dp{ranks.dp}"
+    name = f"pp{ranks.pp}-dp{ranks.dp}"
+    return root / (f"{name}-adp{ranks.attn_dp}" if ranks.attn_dp else name)
 
 
 class CaptureSink:
@@ -113,6 +115,7 @@ class CaptureSink:
         self.pending: collections.deque[_Pending] = collections.deque()
         self.dropped = 0  # sampled but not written (writer behind, or larger than the bound)
         self.written = 0
+        self._oversized = 0  # prefills refused before any copy, not yet in the manifest
         self.stopped: str | None = None  # why capture stopped for good (the disk refused a write)
         self._accept: list[int] = []
         self._accept_since = self._accept_last = 0.0
@@ -152,13 +155,26 @@ class CaptureSink:
 
     # ---- scheduler thread ------------------------------------------------------------------------
     def offer_prefill(self, features: Any, input_ids: Any, next_token_ids: Any,
-                      prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
-        """Maybe take this prefill's draft input. No host sync; keeps no reference to SGLang's tensors."""
+                      prefix_lens: Sequence[int], extend_lens: Sequence[int],
+                      tail_tokens: Callable[[], Any] | None = None) -> None:
+        """Maybe take this prefill's draft input. No host sync; keeps no reference to SGLang's tensors.
+
+        Whether it fits ``max_bytes`` is decided from its shape before any host copy or pinned
+        allocation. ``tail_tokens`` (called only for a taken prefill) gives the token SGLang appends
+        after each request's last row: the sampled token, or for a non-final chunk of a chunked
+        prefill the next prompt token; without it ``next_token_ids`` is recorded."""
         if features is None or input_ids is None or self.stopped or not self.sampler.take():
             return
         if len(self.pending) >= MAX_PENDING:
             self.dropped += 1
             return
+        rows = int(features.shape[0])
+        if features.numel() * features.element_size() + 16 * rows + 4096 > self.max_bytes:
+            self.dropped += 1
+            self._oversized += 1  # the recorder thread records it in the manifest
+            return
+        if tail_tokens is not None:
+            next_token_ids = tail_tokens()
         feats, is_async = _host_copy(features)
         ids, _ = _host_copy(input_ids)
         nxt = _host_copy(next_token_ids)[0] if next_token_ids is not None else None
@@ -202,6 +218,10 @@ class CaptureSink:
 
     def _poll(self) -> int:
         written = 0
+        if self._oversized:
+            self.writer.manifest.skipped += self._oversized
+            self._oversized = 0
+            self.writer.write_manifest()
         while self.pending and self.pending[0].ready():
             self._write(self.pending.popleft())
             written += 1

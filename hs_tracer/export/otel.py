@@ -191,6 +191,7 @@ class OtelExporter:
             "hs_tracer.tp_rank": ranks.tp,
             "hs_tracer.pp_rank": ranks.pp,
             "hs_tracer.dp_rank": ranks.dp,
+            "hs_tracer.attn_dp_rank": ranks.attn_dp,
         }
         self._wiring: dict[str, Any] = {}
         self._slots: dict[str, Any] = {}

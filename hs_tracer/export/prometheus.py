@@ -70,8 +70,9 @@ HOST_OVERHEAD = "hs_tracer_host_overhead_seconds"
 DEFAULT_BASE_PORT = 9464
 """Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
 
-BASE_LABELS = ("model", "tp_rank", "pp_rank", "dp_rank")
-"""Labels on every hs_tracer metric: the served model and the scheduler's ranks."""
+BASE_LABELS = ("model", "tp_rank", "pp_rank", "dp_rank", "attn_dp_rank")
+"""Labels on every hs_tracer metric: the served model and the scheduler's ranks (``dp_rank`` the
+data-parallel replica, ``attn_dp_rank`` the attention-DP rank inside it)."""
 
 ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 """Accept lengths are integers >= 1 (the bonus token included); ``le="1"`` counts full rejections."""
@@ -88,7 +89,9 @@ carries its scheduler's ranks, so no two processes write the same series."""
 
 
 def metrics_port_for(ranks: Ranks, base: int | None = None) -> int:
-    """hs_tracer's own metrics port for one scheduler process: ``base + tp + 8*pp + 64*dp``.
+    """hs_tracer's own metrics port for one scheduler process: ``base + tp + 8*pp + 64*dp``, ``dp``
+    the DP replica. With DP attention the emitting ranks of one replica already differ in ``tp``
+    (``tp_rank = attn_dp_rank * attn_tp_size + attn_tp_rank``).
 
     Unique per process on one host as long as tp < 8 per pp stage and tp*pp stages < 64 per DP
     replica, which covers 8-GPU hosts. ``base`` is ``HS_TRACER_METRICS_PORT`` (default 9464).
@@ -446,6 +449,10 @@ class PrometheusExporter:
             self._enabled.set(1 if enabled else 0)
             if host_overhead_s is not None:
                 self._host_overhead.observe(host_overhead_s)
+
+    def observe_host_overhead(self, seconds: float) -> None:
+        """One step's host time in the per-step hooks (every step is observed)."""
+        self._host_overhead.observe(seconds)
 
     def _advance(self, key: str, total: int, counter: Any) -> None:
         delta = total - self._totals[key]

@@ -37,8 +37,13 @@ class AcceptanceTally:
     accepted_tokens: int = 0  # sum of accept lengths
     per_position: list[int] = field(default_factory=list)
 
-    def add(self, accept_lengths: list[int], num_draft_tokens: int) -> None:
+    def add(self, accept_lengths: list[int], num_draft_tokens: int,
+            max_accept_length: int | None = None) -> None:
+        """``max_accept_length`` (speculative_num_steps + 1) bounds the positions that can be
+        accepted: with topk > 1 the tree has more draft tokens than that."""
         positions = max(num_draft_tokens - 1, 0)
+        if max_accept_length is not None:
+            positions = min(positions, max(max_accept_length - 1, 0))
         if len(self.per_position) < positions:
             self.per_position.extend([0] * (positions - len(self.per_position)))
         for length in accept_lengths:
@@ -71,14 +76,14 @@ class Recorder(threading.Thread):
         self._report_lock = threading.Lock()
         self._prom: Any = None
         self._otel: Any = None
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self._setup()
             last_report, dirty = 0.0, False
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 try:
                     rec = self.st.queue.get(timeout=0.2)
                 except queue.Empty:
@@ -105,7 +110,7 @@ class Recorder(threading.Thread):
                 self._otel.shutdown(timeout_s=2)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def _setup(self) -> None:
         from hs_tracer.export.otel import OtelExporter, spans_configured
@@ -131,41 +136,51 @@ class Recorder(threading.Thread):
 
     # ---- per record --------------------------------------------------------------------------------
     def _on_step(self, rec: StepRecord) -> None:
-        self.acceptance.add(rec.accept_lengths, rec.num_draft_tokens)
+        self.acceptance.add(rec.accept_lengths, rec.num_draft_tokens, rec.max_accept_length)
         if self.st.capture is not None:
             self.st.capture.note_accept_lengths(rec.accept_lengths)
         if rec.digest is not None:
             self.nonfinite += sum(slot.nonfinite for slot in rec.digest.slots)
         self._prom.record_step(rec)
+        self._prom.observe_host_overhead(rec.host_overhead_s)
         if self._otel is not None:
             self._otel.record_step(rec, rec.trace_ctxs)
         self._judge()
 
     def _on_window(self) -> bool:
-        """Fold a finished fingerprint window in and re-diagnose. True if the report changed."""
-        probe = self.st.probe
-        if probe is None:
+        """Fold a finished fingerprint window in and re-diagnose. True if the report changed.
+
+        Which rows: decode verify rows; on an instance that never decodes (a disaggregated
+        prefill instance) prefill rows without position 0. Never both in one window
+        (integrations/sglang/steps.py says why)."""
+        steps = self.st.steps
+        source = None if steps is None else (steps.decode or steps.prefill)
+        if source is None:
             return False
-        window = probe.read_window()
+        window = source.probe.read_window()
         if window is None:
             return False
         self.live = window if self.live is None else self.live.merge(window)
         self.window_reports += 1
-        self._diagnose()
+        self._diagnose(window)
         return True
 
-    def _diagnose(self) -> None:
+    def _diagnose(self, window: ChannelStats) -> None:
         """Judge everything seen so far against the profile (the wiring does not change while a
-        process runs, so more tokens only sharpen the verdict)."""
+        process runs, so more tokens only sharpen the verdict); the drift score is the latest
+        window's."""
         from hs_tracer.diagnosis.identity import diagnose_detailed
 
         if self.profile is None or self.live is None:
             return
-        detailed = diagnose_detailed(self.live, self.profile, nonfinite=self.nonfinite,
-                                     width=self.st.input_width)
+        width = self.st.steps.input_width if self.st.steps is not None else None
+        detailed = diagnose_detailed(self.live, self.profile, nonfinite=self.nonfinite, width=width)
         judged = detailed.report
-        # Drift score per slot, the diagnosis's own (docs/diagnosis.md); the drift alert uses it.
-        drift = [m.drift_score for m in detailed.matches]
+        # Drift score per slot, the diagnosis's own (docs/diagnosis.md), of this window alone;
+        # the drift alert uses it.
+        latest = detailed if window is self.live else diagnose_detailed(
+            window, self.profile, nonfinite=0, width=width)
+        drift = [m.drift_score for m in latest.matches]
         self._prom.record_slots(judged.slots, drift)
         if self._otel is not None:
             self._otel.record_slots(judged.slots)
@@ -191,7 +206,6 @@ class Recorder(threading.Thread):
     def _export_health(self) -> None:
         st = self.st
         self._prom.record_health(dropped=st.dropped, hook_errors=st.hook_errors, enabled=st.enabled,
-                                 host_overhead_s=st.host_overhead_s,
                                  spans_dropped=self._otel.dropped if self._otel is not None else None)
 
     # ---- report ------------------------------------------------------------------------------------

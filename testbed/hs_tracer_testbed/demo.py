@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 DEMO_ENV = {
     "HS_TRACER": "1",
-    "HS_TRACER_WINDOW_TOKENS": "256",  # a short workload: let windows close often
+    "HS_TRACER_WINDOW_TOKENS": "128",  # a short workload (decode rows only): let windows close often
 }
 SETTLE_S = 2.0  # the recorder refreshes the report every 0.5 s while steps arrive
 

@@ -58,6 +58,8 @@ def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) ->
         "capture_aux_hidden_states": bool(getattr(inner, "capture_aux_hidden_states", False)),
     }
     st.target_logits_processor = getattr(inner, "logits_processor", None)
+    st.target_device = _device(runner)
+    st.target_dtype = getattr(runner.model_config, "dtype", None)
     st.write_report()
 
 
@@ -81,7 +83,7 @@ def after_init_draft_cuda_graphs(st: TracerState, _result: Any, worker: Any, *_a
     buffers = getattr(runner, "buffers", None)
     hidden = getattr(buffers, "hidden_states", None)
     st.draft["graph_width"] = int(hidden.shape[1]) if hidden is not None else None
-    st.finish_startup(getattr(worker, "device", None))
+    st.finish_startup()
 
 
 # ---- capture metadata (graph capture and eager prefill; not per step under CUDA graphs) ------------
@@ -109,8 +111,10 @@ def after_logits_forward(st: TracerState, result: Any, processor: Any, *_args: A
 @state.guarded("EagleDraftWorker._draft_extend_for_decode")
 def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, batch_result: Any,
                                    *_a: Any, **_k: Any) -> None:
-    """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window)."""
-    st.observe(batch_result.logits_output.hidden_states)
+    """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
+    the step number goes onto ``batch_result``, which SGLang hands to the result hook later."""
+    if st.steps is not None:
+        st.steps.observe_decode(batch_result.logits_output.hidden_states, batch_result)
 
 
 @state.guarded("EagleDraftWorker._draft_extend_for_prefill")
@@ -118,32 +122,35 @@ def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
                                     target_hidden_states: Any, next_token_ids: Any = None,
                                     *_a: Any, **_k: Any) -> None:
     """The [extend_tokens, K*H] features of a prefill (and, when capturing, a sampled copy)."""
-    st.observe(target_hidden_states)
+    if st.steps is None:
+        return
+    st.steps.observe_prefill(target_hidden_states, batch.prefix_lens, batch.extend_lens)
     st.capture_prefill(batch, target_hidden_states, next_token_ids)
 
 
 @state.guarded("SchedulerBatchResultProcessor._resolve_spec_v2_tokens")
 def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any, result: Any,
                                  batch: Any) -> None:
-    """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step.
-
-    Only the requests SGLang commits tokens for count, as in its own ``spec_verify_ct``: with the
-    overlap scheduler a batch still carries requests that finished (or were retracted) in the step
-    before, and their accepted tokens are thrown away."""
-    lengths = result.accept_lens.tolist()
-    live = [(r, n) for r, n in zip(batch.reqs, lengths, strict=False)  # lengths may be padded
-            if not (getattr(r, "is_retracted", False) or r.finished())]
-    if not live:
+    """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step that
+    ``result`` belongs to, for the requests SGLang committed."""
+    if st.steps is None:
         return
-    st.record_step(
-        accept_lengths=[n for _r, n in live],
-        request_ids=[r.rid for r, _n in live],
-        trace_ctxs=[getattr(getattr(r, "time_stats", None), "trace_ctx", None) for r, _n in live],
-        num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
-    )
+    st.steps.record(result, batch.reqs, result.accept_lens.tolist(),
+                    num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
+                    max_accept_length=st.max_accept_length)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
+def _device(runner: Any) -> Any:
+    """The device the target's outputs (and so the draft's input) live on."""
+    import torch
+
+    device = torch.device(str(runner.device))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(runner.gpu_id))
+    return device
+
+
 def _int_list(values: Any) -> list[int] | None:
     return None if values is None else [int(v) for v in values]
 

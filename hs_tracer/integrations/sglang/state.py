@@ -18,8 +18,7 @@ import logging
 import os
 import queue
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from hs_tracer.export.capture import CaptureSink
     from hs_tracer.export.recorder import Recorder
     from hs_tracer.fingerprint.probe import FingerprintProbe
+    from hs_tracer.integrations.sglang.steps import StepPath
 
 logger = logging.getLogger("hs_tracer")
 
@@ -50,6 +50,8 @@ class TracerState:
     draft_config: dict[str, Any] = field(default_factory=dict)
     spec_args: dict[str, Any] = field(default_factory=dict)
     target_logits_processor: Any = None
+    target_device: Any = "cpu"  # torch.device of the target's outputs
+    target_dtype: Any = None  # torch dtype the target computes in (the probe is warmed for it)
     wiring: WiringRecord | None = None
     static_findings: list[Finding] = field(default_factory=list)
     captured_layers: list[list[int]] = field(default_factory=list)  # per sampled target forward
@@ -57,14 +59,10 @@ class TracerState:
     handoff_widths: list[int] = field(default_factory=list)
     ranks: Ranks | None = None
     emitting: bool = True  # False on ranks other than attention-TP rank 0
-    # Step path.
-    probe: FingerprintProbe | None = None
-    probe_width: int | None = None  # the draft-input width the probe was (or could not be) built for
-    step: int = 0
-    tokens_in_window: int = 0
-    input_width: int | None = None
+    # Step path: None until startup finished on this rank (non-last pipeline stages never get one).
+    steps: StepPath | None = None
+    role: str = "null"  # SGLang's disaggregation_mode: "null" (both), "prefill" or "decode"
     dropped: int = 0
-    host_overhead_s: float = 0.0  # last step's host time in the per-step hooks
     recorder: Recorder | None = None
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
     queue: queue.Queue[StepRecord] = field(init=False)
@@ -75,6 +73,11 @@ class TracerState:
 
     def __post_init__(self) -> None:
         self.queue = queue.Queue(maxsize=self.config.queue_size)
+
+    @property
+    def max_accept_length(self) -> int | None:
+        steps = self.spec_args.get("speculative_num_steps")
+        return steps + 1 if steps else None
 
     @property
     def capture_seen(self) -> int:
@@ -108,15 +111,15 @@ class TracerState:
     def note_handoff_width(self, width: int) -> None:
         self.handoff_widths.append(width)
 
-    def finish_startup(self, device: Any = None) -> None:
-        """All startup hooks have run: build the wiring record, run the static checks, build the
-        fingerprint probe on ``device`` (its construction compiles and synchronises once: at
-        startup, not on the first serving step), start the recorder."""
+    def finish_startup(self) -> None:
+        """All startup hooks have run: build the wiring record, run the static checks, start
+        the recorder."""
         from hs_tracer import sources
         from hs_tracer.diagnosis import wiring as static
         from hs_tracer.integrations.sglang.versions import installed_version
 
         self.ranks, self.emitting = _ranks()
+        self.role = _role()
         t = self.target
         family = sources.family_of(t["architecture"])
         captured = sources.sglang_capture(t["layers_to_capture"], t["num_layers"], family)
@@ -145,12 +148,10 @@ class TracerState:
             logger.warning("hs_tracer: %s", f.one_line())
         if self.emitting:
             from hs_tracer.export.recorder import Recorder
+            from hs_tracer.integrations.sglang.steps import StepPath
 
-            width = self.draft.get("graph_width") or self.draft.get("fc_in_features")
-            if device is not None and width:
-                self.probe_width = int(width)
-                self.probe = self._make_probe(self.probe_width, device)
-
+            decode, prefill = self._make_probes()
+            self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks, self._enqueue)
             if self.config.capture_dir is not None:
                 from hs_tracer.export.capture import make_sink
 
@@ -166,65 +167,26 @@ class TracerState:
         assert self.config.profile is not None
         return list(Profile.load(self.config.profile).sources)
 
-    # ---- step path (scheduler thread) -------------------------------------------------------------
-    def observe(self, features: Any) -> None:
-        """Fingerprint the draft's input for this step. No host sync; keeps no reference."""
-        if not self.emitting or self.wiring is None or features is None:
-            return
-        started = time.perf_counter()
-        self.step += 1
-        width = int(features.shape[-1])
-        self.input_width = width
-        probe = self.probe
-        if width != self.probe_width:  # not what startup expected (the width finding says why)
-            self.probe_width = width
-            probe = self.probe = self._make_probe(width, features.device)
-        if probe is not None:
-            probe.observe(features, self.step)
-            self.tokens_in_window += int(features.shape[0])
-            if self.tokens_in_window >= self.config.window_tokens:
-                probe.end_window()
-                self.tokens_in_window = 0
-        self.host_overhead_s = time.perf_counter() - started
-
-    def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any) -> None:
-        """Offer a prefill's draft input to the capture sink (sampling + async host copy only)."""
-        if self.capture is None or not self.emitting or features is None:
-            return
-        started = time.perf_counter()
-        self.capture.offer_prefill(features, batch.input_ids, next_token_ids, batch.prefix_lens,
-                                   batch.extend_lens)
-        self.host_overhead_s += time.perf_counter() - started
-
-    def _make_probe(self, width: int, device: Any) -> FingerprintProbe | None:
+    def _make_probes(self) -> tuple[FingerprintProbe | None, FingerprintProbe | None]:
+        """The decode and prefill probes, built and warmed now (the Triton kernel compiled for the
+        model's dtype, buffers allocated) so the first request compiles and synchronises nothing.
+        Sized for the width the target hands over: K*H with aux states, else H."""
         from hs_tracer.fingerprint.probe import FingerprintProbe
 
-        hidden = self.wiring.hidden_size if self.wiring else 0
-        if hidden <= 0 or width % hidden:
-            logger.warning("hs_tracer: draft input is %d wide, not a multiple of the target hidden size "
-                           "%d; fingerprints are off, the width finding stands", width, hidden)
-            return None
-        return FingerprintProbe(width // hidden, hidden, device)
+        assert self.wiring is not None
+        hidden = self.wiring.hidden_size
+        slots = len(self.wiring.sources) if self.aux.get("use_aux_hidden_state", True) else 1
+        if hidden <= 0 or slots <= 0:
+            return None, None
+        device, dtype = self.target_device, self.target_dtype
+        prefill = None if self.role == "decode" else FingerprintProbe(slots, hidden, device,
+                                                                      warmup_dtype=dtype)
+        decode = None if self.role == "prefill" else FingerprintProbe(slots, hidden, device,
+                                                                     warmup_dtype=dtype)
+        return decode, prefill
 
-    def record_step(self, accept_lengths: Sequence[int], request_ids: Sequence[str],
-                    trace_ctxs: Sequence[Any], num_draft_tokens: int) -> None:
-        """One verify step with its accept lengths (bonus token included) -> the recorder's queue."""
-        if not self.emitting:
-            return
-        started = time.perf_counter()
-        digest = None
-        if self.probe is not None:
-            drained = self.probe.drain()
-            if drained:
-                digest = drained[0][1]
-                for _step, other in drained[1:]:
-                    digest = digest.merge(other)
-        rec = StepRecord(
-            step=self.step, time_unix_ns=time.time_ns(), ranks=self.ranks or Ranks(),
-            request_ids=list(request_ids), accept_lengths=list(accept_lengths),
-            num_draft_tokens=num_draft_tokens, digest=digest, input_width=self.input_width,
-            trace_ctxs=list(trace_ctxs),
-        )
+    def _enqueue(self, rec: StepRecord) -> None:
+        """Hand a record to the recorder; when it is behind, the oldest record goes (counted)."""
         try:
             self.queue.put_nowait(rec)
         except queue.Full:
@@ -232,7 +194,13 @@ class TracerState:
                 self.queue.get_nowait()
             self.dropped += 1
             self.queue.put_nowait(rec)
-        self.host_overhead_s += time.perf_counter() - started
+
+    def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any) -> None:
+        """Offer a prefill's draft input to the capture sink (sampling + async host copy only)."""
+        if self.capture is None or features is None:
+            return
+        self.capture.offer_prefill(features, batch.input_ids, next_token_ids, batch.prefix_lens,
+                                   batch.extend_lens, tail_tokens=lambda: _tail_tokens(batch, next_token_ids))
 
     # ---- reporting ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -255,6 +223,10 @@ class TracerState:
             },
             "wiring": _asdict(self.wiring),
             "ranks": _asdict(self.ranks),
+            "role": self.role,
+            "probes": None if self.steps is None else {
+                "decode": self.steps.decode is not None, "prefill": self.steps.prefill is not None,
+                "decode_steps": self.steps.decode_steps, "prefill_steps": self.steps.prefill_steps},
             "capture_sink": None if self.capture is None else {
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
@@ -287,13 +259,35 @@ class TracerState:
 
 def _ranks() -> tuple[Ranks, bool]:
     """This process's ranks, and whether it emits (attention-TP rank 0 only: TP ranks see the same
-    tensors). Read lazily: SGLang publishes them after the plugin loads."""
+    tensors). Read lazily: SGLang publishes them after the plugin loads. ``dp_rank`` is None
+    without a DP controller."""
     from sglang.srt.runtime_context import get_parallel
 
     par = get_parallel()
-    rank = Ranks(tp=int(getattr(par, "tp_rank", 0) or 0), pp=int(getattr(par, "pp_rank", 0) or 0),
-                 dp=int(getattr(par, "attn_dp_rank", 0) or 0))
-    return rank, int(getattr(par, "attn_tp_rank", 0) or 0) == 0
+
+    def rank(name: str) -> int:
+        try:
+            return int(getattr(par, name) or 0)
+        except (AttributeError, KeyError, RuntimeError):  # not published in this configuration
+            return 0
+
+    ranks = Ranks(tp=rank("tp_rank"), pp=rank("pp_rank"), dp=rank("dp_rank"), attn_dp=rank("attn_dp_rank"))
+    return ranks, rank("attn_tp_rank") == 0
+
+
+def _tail_tokens(batch: Any, next_token_ids: Any) -> Any:
+    """The token SGLang's draft extend appends after each request's prompt rows (for a non-final
+    chunk of a chunked prefill: the next prompt token), computed by SGLang's own helper."""
+    from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+
+    return None if next_token_ids is None else _eagle_prefill_tail_tokens(batch, next_token_ids)
+
+
+def _role() -> str:
+    """This instance's role under prefill/decode disaggregation (``--disaggregation-mode``)."""
+    from sglang.srt.runtime_context import get_disagg
+
+    return str(getattr(get_disagg(), "disaggregation_mode", None) or "null")
 
 
 def _asdict(obj: Any) -> Any:
@@ -321,6 +315,20 @@ def current() -> TracerState | None:
     return _STATE
 
 
+def _compiling() -> bool:
+    """True while torch.compile's Dynamo traces the code calling a hook.
+
+    SGLang's piecewise compiled prefill (``--enable-piecewise-cuda-graph``, torch.compile of the
+    model body) traces ``DeepseekV2Model.forward`` and with it the HookRegistry wrapper around it.
+    Dynamo evaluates ``torch.compiler.is_compiling()`` as the constant True, so the hook folds away
+    before it reads any tracer state: no graph break, no guard on that state (a guard would
+    recompile the body every time the state changes), nothing recorded from inside the graph. The
+    capture metadata then comes from the eager forwards (graph capture, warmup, decode)."""
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
 def guarded(where: str) -> Callable[[F], F]:
     """Run a hook only while tracing is on; turn any exception into :meth:`TracerState.fail`.
 
@@ -331,6 +339,8 @@ def guarded(where: str) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> None:
+            if _compiling():  # traced by torch.compile (piecewise prefill): invisible to Dynamo
+                return None
             st = _STATE
             if st is None or not st.enabled:
                 return None

@@ -200,14 +200,15 @@ def test_every_record_carries_its_host_time_and_acceptable_positions(child) -> N
 
 
 def test_probes_are_built_and_warmed_at_startup(child) -> None:
-    assert child["probes_after_startup"] == 2  # decode and prefill, before any forward
-    assert child["warmup_dtypes"] == ["torch.float32", "torch.float32"]
+    assert child["probes_after_startup"] == 1  # before any forward (one stream on a combined instance)
+    assert child["warmup_dtypes"] == ["torch.float32"]
     assert child["probes_built_by_steps"] == 0
 
 
-def test_prefill_window_has_prefill_rows_without_position_0(child) -> None:
-    assert child["prefill_window_rows"] == 4  # 5 prompt rows from position 0: four kept
-    assert child["prefill_window_mean"] == 7.0
+def test_window_leaves_out_position_0(child) -> None:
+    """8 + 12 decode rows and the prefill's 5 prompt rows from position 0, of which four are kept."""
+    assert child["prefill_window_rows"] == 8 + 12 + 4
+    assert child["prefill_window_mean"] == pytest.approx((8 * 1.0 + 12 * 2.0 + 4 * 7.0) / 24)
 
 
 def test_chunked_prefill_capture_records_the_next_prompt_token(child) -> None:

@@ -150,8 +150,7 @@ class Recorder(threading.Thread):
     def _on_window(self) -> bool:
         """Fold a finished fingerprint window in and re-diagnose. True if the report changed.
 
-        Which rows: decode verify rows; on an instance that never decodes (a disaggregated
-        prefill instance) prefill rows without position 0. Never both in one window
+        Which rows: decode verify rows and prefill rows without position 0
         (integrations/sglang/steps.py says why)."""
         steps = self.st.steps
         source = None if steps is None else (steps.decode or steps.prefill)

@@ -168,9 +168,10 @@ class TracerState:
         return list(Profile.load(self.config.profile).sources)
 
     def _make_probes(self) -> tuple[FingerprintProbe | None, FingerprintProbe | None]:
-        """The decode and prefill probes, built and warmed now (the Triton kernel compiled for the
-        model's dtype, buffers allocated) so the first request compiles and synchronises nothing.
-        Sized for the width the target hands over: K*H with aux states, else H."""
+        """The decode and prefill probe (one and the same on a combined instance), built and
+        warmed now (the Triton kernel compiled for the model's dtype, buffers allocated) so the
+        first request compiles and synchronises nothing. Sized for the width the target hands
+        over: K*H with aux states, else H."""
         from hs_tracer.fingerprint.probe import FingerprintProbe
 
         assert self.wiring is not None
@@ -179,11 +180,12 @@ class TracerState:
         if hidden <= 0 or slots <= 0:
             return None, None
         device, dtype = self.target_device, self.target_dtype
-        prefill = None if self.role == "decode" else FingerprintProbe(slots, hidden, device,
-                                                                      warmup_dtype=dtype)
-        decode = None if self.role == "prefill" else FingerprintProbe(slots, hidden, device,
-                                                                     warmup_dtype=dtype)
-        return decode, prefill
+        probe = FingerprintProbe(slots, hidden, device, warmup_dtype=dtype)
+        if self.role == "prefill":
+            return None, probe
+        if self.role == "decode":
+            return probe, None
+        return probe, probe  # combined instance: one window stream (steps.py says which rows)
 
     def _enqueue(self, rec: StepRecord) -> None:
         """Hand a record to the recorder; when it is behind, the oldest record goes (counted)."""

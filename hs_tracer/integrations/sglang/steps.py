@@ -7,16 +7,16 @@ would mix N and N+1. So the decode hook stamps its step number on the batch's ow
 ``GenerationBatchResult`` (the object SGLang later hands to ``_resolve_spec_v2_tokens``), and the
 result hook looks that number up: every record joins its own digest, accept lengths and requests.
 
-**Prefill and decode rows are kept apart**, in two probes with their own windows:
+**Prefill and decode digests are kept apart**: a prefill's digest never merges into a decode
+step's record (prefill observations carry negative step numbers and are never claimed).
 
-* decode: the verify window the draft extend reads (``bs x draft tokens`` rows; every row sits at
-  position >= 1). Its windows feed the diagnosis.
-* prefill: the extend rows of the prompt, minus the rows at position 0 (a request without a cached
-  prefix starts there; profiles leave position 0 out too). How many prefill rows a request has
-  depends on the radix-cache hit rate, so they never enter a decode window. Their windows feed the
-  diagnosis only on an instance that never decodes (a PD-disaggregation prefill instance).
-
-Each probe closes a window every ``HS_TRACER_WINDOW_TOKENS`` of its own rows.
+**Which rows feed the diagnosis windows.** Decode rows: the verify window the draft extend reads
+(``bs x draft tokens`` rows, every row at position >= 1). Prefill rows: the prompt's extend rows
+minus the rows at position 0 (a request without a cached prefix starts there; its statistics
+differ and the profiles leave position 0 out). On a combined instance both go into one window
+stream (a short workload would otherwise not reach the diagnosis's minimum row count); a
+disaggregated prefill instance has prefill windows only, a decode instance decode windows only. A
+window closes every ``HS_TRACER_WINDOW_TOKENS`` rows.
 
 Requests SGLang already finished or retracted in a step are skipped exactly as its own
 ``_resolve_spec_v2_tokens`` skips them (``req.is_retracted or req.finished()``): under overlap they
@@ -91,7 +91,10 @@ class StepPath:
     def __init__(self, decode: FingerprintProbe | None, prefill: FingerprintProbe | None,
                  window_rows: int, ranks: Ranks, enqueue: Any) -> None:
         self.decode = _Windowed(decode, window_rows) if decode is not None else None
-        self.prefill = _Windowed(prefill, window_rows) if prefill is not None else None
+        if prefill is not None and prefill is decode:
+            self.prefill = self.decode  # one window stream (a combined instance)
+        else:
+            self.prefill = _Windowed(prefill, window_rows) if prefill is not None else None
         self.ranks = ranks
         self._enqueue = enqueue  # StepRecord -> None (drops the oldest when full)
         self.decode_steps = 0
@@ -157,12 +160,13 @@ class StepPath:
         return rec
 
     def _claim(self, step: int | None) -> StepDigest | None:
-        if self.prefill is not None:
+        if self.prefill is not None and self.prefill is not self.decode:
             self.prefill.probe.drain()  # prefill digests are not per-step records; windows carry them
         if self.decode is None:
             return None
         for sid, digest in self.decode.probe.drain():
-            self._digests[sid] = digest
+            if sid > 0:  # prefill observations (negative numbers) are never a step's digest
+                self._digests[sid] = digest
         found = self._digests.pop(step, None) if step is not None else None
         while len(self._digests) > self._max_pending:  # steps whose results never came (aborted)
             del self._digests[min(self._digests)]

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+import torch
+
 from hs_tracer.config import TracerConfig
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
 
@@ -326,9 +328,7 @@ def _compiling() -> bool:
     before it reads any tracer state: no graph break, no guard on that state (a guard would
     recompile the body every time the state changes), nothing recorded from inside the graph. The
     capture metadata then comes from the eager forwards (graph capture, warmup, decode)."""
-    import torch
-
-    return bool(torch.compiler.is_compiling())
+    return torch.compiler.is_compiling()
 
 
 def guarded(where: str) -> Callable[[F], F]:

@@ -271,8 +271,10 @@ def test_production_width_configs_are_deepseek_v3_width(tmp_path: Path) -> None:
 def test_probe_is_built_at_startup_not_on_the_first_serving_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building the fingerprint probe compiles its kernel and synchronises; on the H200 that
     happened inside the first prefill's hook (caught by sync-debug mode). It now happens when
-    startup finishes, for the width the draft expects; another width rebuilds it once."""
+    startup finishes, for the width the target hands over; a step of another width builds
+    nothing (fingerprints stay off for it, the width finding stands)."""
     from hs_tracer.config import TracerConfig
+    from hs_tracer.fingerprint import probe as probe_mod
     from hs_tracer.integrations.sglang import state as state_mod
     from hs_tracer.records import Ranks
 
@@ -284,27 +286,25 @@ def test_probe_is_built_at_startup_not_on_the_first_serving_step(monkeypatch: py
             pass
 
     monkeypatch.setattr(state_mod, "_ranks", lambda: (Ranks(), True))
+    monkeypatch.setattr(state_mod, "_role", lambda: "null")
     monkeypatch.setattr("hs_tracer.export.recorder.Recorder", NoRecorder)
     built: list[int] = []
-    make = state_mod.TracerState._make_probe
-    monkeypatch.setattr(state_mod.TracerState, "_make_probe",
-                        lambda self, width, device: built.append(width) or make(self, width, device))
+    init = probe_mod.FingerprintProbe.__init__
+    monkeypatch.setattr(probe_mod.FingerprintProbe, "__init__",
+                        lambda self, k, h, *a, **kw: built.append(k * h) or init(self, k, h, *a, **kw))
     st = state_mod.TracerState(TracerConfig())
     st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "t", "num_layers": 8,
                  "hidden_size": 64, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
     st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
     st.draft = {"fc_in_features": 192, "num_aux_hidden_states": 3, "graph_width": 192}
-    st.finish_startup("cpu")
-    assert built == [192] and st.probe is not None
-    probe = st.probe
-    st.observe(torch.randn(4, 192))
-    assert built == [192] and st.probe is probe and probe.steps == 1
-    st.observe(torch.randn(4, 128))  # a width startup did not expect: rebuilt once
-    st.observe(torch.randn(4, 128))
-    assert built == [192, 128]
-    st.observe(torch.randn(4, 100))  # no probe possible: tried once, not on every step
-    st.observe(torch.randn(4, 100))
-    assert built == [192, 128, 100] and st.probe is None
+    st.finish_startup()
+    assert built == [192] and st.steps is not None and st.steps.decode is not None
+    probe = st.steps.decode.probe
+    st.steps.observe_decode(torch.randn(4, 192), types.SimpleNamespace())
+    assert built == [192] and probe.steps == 1
+    st.steps.observe_decode(torch.randn(4, 128), types.SimpleNamespace())  # another width: no build
+    st.steps.observe_decode(torch.randn(4, 128), types.SimpleNamespace())
+    assert built == [192] and probe.steps == 1 and st.steps.width_warned
 
 
 def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,13 +323,16 @@ def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.M
     reqs[1].finished_reason = FINISH_LENGTH(8)
     reqs[2].is_retracted = True
     monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
+    from hs_tracer.integrations.sglang.steps import StepPath
+    from hs_tracer.records import Ranks
+
     st = state.install(TracerConfig())
-    recorded: list[dict] = []
-    monkeypatch.setattr(st, "record_step", lambda **kw: recorded.append(kw))
+    recorded: list = []
+    st.steps = StepPath(None, None, 1 << 30, Ranks(), recorded.append)
     result = types.SimpleNamespace(accept_lens=torch.tensor([3, 4, 2, 1]), speculative_num_draft_tokens=4)
     hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))
     assert st.hook_errors == 0
-    assert [(r["request_ids"], r["accept_lengths"]) for r in recorded] == [(["r0", "r3"], [3, 1])]
+    assert [(r.request_ids, r.accept_lengths) for r in recorded] == [(["r0", "r3"], [3, 1])]
     for r in reqs:
         r.finished_reason = FINISH_LENGTH(8)
     hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))

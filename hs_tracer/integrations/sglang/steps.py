@@ -140,12 +140,15 @@ class StepPath:
 
     # ---- results (after _resolve_spec_v2_tokens) ---------------------------------------------------
     def record(self, result: Any, reqs: Sequence[Any], accept_lengths: Sequence[int],
-               num_draft_tokens: int, max_accept_length: int | None) -> StepRecord:
+               num_draft_tokens: int, max_accept_length: int | None) -> StepRecord | None:
         """The record of the step ``result`` belongs to, with the requests SGLang committed."""
         started = time.perf_counter()
         step = getattr(result, STEP_ATTR, None)
         digest = self._claim(step)
         keep = [i for i, r in enumerate(reqs) if request_settled(r)]
+        if not keep:  # only requests finished or retracted before this step: no verify step
+            self._host_s += time.perf_counter() - started
+            return None
         rec = StepRecord(
             step=step if step is not None else 0, time_unix_ns=time.time_ns(), ranks=self.ranks,
             request_ids=[reqs[i].rid for i in keep],

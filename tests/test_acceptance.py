@@ -116,3 +116,22 @@ def test_live_norm_flag_differs_from_the_measured_one() -> None:
     report = live_report([], judged, COLLAPSED, profile, {"norm_output": True})
     assert [r.cause for r in report.root_causes()] == ["norm_flags"]
     assert live_report([], judged, HEALTHY, profile, {"norm_output": False}).exit_code == 0
+
+
+def test_layers_right_by_the_engine_record_keep_the_cause_on_the_vocabulary() -> None:
+    """Recorded on the CPU engine with a regenerated d2t: one slot's window sat nearer a neighbour
+    (rows of rejected draft tokens) while the engine's layers_to_capture matched the profile."""
+    from hs_tracer.profile.model import Profile
+
+    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
+    slip = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, "slot 2 carries block:3", "fix", slot=2,
+                   expected="block:4", observed="block:3")
+    judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.6),
+                           SlotVerdict(2, "block:4", "block:3", 0.6)], findings=[slip])
+    report = live_report([], judged, COLLAPSED, profile, {})
+    roots = report.root_causes()
+    assert [(r.cause, r.severity) for r in roots] == [("vocabulary_map", Severity.CRITICAL),
+                                                       ("features", Severity.WARNING)]
+    # a critical static wiring finding keeps the live mismatch critical and the blame on the wiring
+    ids = Finding(Code.LAYER_ID_CONVENTION, Severity.CRITICAL, "slot 2 fed block:3", "set ids", slot=2)
+    assert live_report([ids], judged, COLLAPSED, profile, {}).root_causes()[0].cause == "layer_ids"

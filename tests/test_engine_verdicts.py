@@ -40,7 +40,9 @@ def _critical(d: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_broken_vocabulary_map_is_critical_with_the_vocabulary_as_cause(runs) -> None:
     d = runs["d2t_regenerated"]["diagnosis"]
-    assert all(s["observed_source"] == s["expected_source"] for s in d["slots"]) and d["slots"]
+    # the engine captures the trained layers (its own layers_to_capture); a slot's window statistics may
+    # still sit nearer a neighbour (rows of rejected draft tokens): that stays a warning, not the cause
+    assert d["wiring"]["sources"] == [s["expected_source"] for s in d["slots"]] and d["slots"]
     drop = [f for f in d["findings"] if f["code"] == "acceptance_drop"]
     assert drop and drop[0]["severity"] == "critical", d["findings"]
     assert d["acceptance"]["mean_accept_length"] < 1.3

@@ -65,10 +65,11 @@ def group(findings: list[Finding]) -> list[RootCause]:
     if LAYER_IDS in members and FEATURES in members and _critical(findings, members[LAYER_IDS]):
         members[LAYER_IDS] += members.pop(FEATURES)
     if ACCEPTANCE in members:
-        host = next((c for c in _SYMPTOM_HOSTS if c in members and _critical(findings, members[c])), None)
-        if host is None:
-            host = next((c for c in _SYMPTOM_HOSTS if c in members), None)
         right = any(findings[i].details.get("features_match") is True for i in members[ACCEPTANCE])
+        hosts = (VOCABULARY, NORM_FLAGS) if right else _SYMPTOM_HOSTS  # layers right: not a wiring cause
+        host = next((c for c in hosts if c in members and _critical(findings, members[c])), None)
+        if host is None:
+            host = next((c for c in hosts if c in members), None)
         if host is None and right:
             host = VOCABULARY  # features right, nothing else found: the most likely cause
             members[host] = []

@@ -128,10 +128,13 @@ def test_layers_right_by_the_engine_record_keep_the_cause_on_the_vocabulary() ->
                    expected="block:4", observed="block:3")
     judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.6),
                            SlotVerdict(2, "block:4", "block:3", 0.6)], findings=[slip])
-    report = live_report([], judged, COLLAPSED, profile, {})
+    report = live_report([], judged, COLLAPSED, profile, {}, engine_layers_checked=True)
     roots = report.root_causes()
     assert [(r.cause, r.severity) for r in roots] == [("vocabulary_map", Severity.CRITICAL),
                                                        ("features", Severity.WARNING)]
     # a critical static wiring finding keeps the live mismatch critical and the blame on the wiring
     ids = Finding(Code.LAYER_ID_CONVENTION, Severity.CRITICAL, "slot 2 fed block:3", "set ids", slot=2)
-    assert live_report([ids], judged, COLLAPSED, profile, {}).root_causes()[0].cause == "layer_ids"
+    assert live_report([ids], judged, COLLAPSED, profile, {},
+                       engine_layers_checked=True).root_causes()[0].cause == "layer_ids"
+    # without the engine's record (a capture on disk) the statistics are the only evidence
+    assert live_report([], judged, COLLAPSED, profile, {}).root_causes()[0].cause == "features"

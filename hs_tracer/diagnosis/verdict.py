@@ -51,6 +51,7 @@ def live_report(
     profile: Profile | None,
     draft_config: Mapping[str, Any] | None = None,
     thresholds: AcceptanceThresholds | None = None,
+    engine_layers_checked: bool = False,
 ) -> Report:
     """The report of a running engine. ``judged``: the latest window's diagnosis (None before the
     first window or without a profile)."""
@@ -58,7 +59,7 @@ def live_report(
     seen = {(f.code, f.slot) for f in findings}
     if judged is not None:
         findings += [f for f in judged.findings if (f.code, f.slot) not in seen]
-    if profile is not None and judged is not None and not any(
+    if engine_layers_checked and profile is not None and judged is not None and not any(
             f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in static):
         # The engine's own layers_to_capture already matched the profile's sources: a slot whose window
         # statistics sit nearer another layer is not a layer wiring fault (rejected draft tokens' rows,
@@ -69,7 +70,8 @@ def live_report(
         judged = replace(judged, findings=[f for f in judged.findings
                                            if f.code is not Code.SLOT_SOURCE_MISMATCH])
     match = features_match(judged, static)
-    if match is None and profile is not None and judged is not None and judged.slots and not any(
+    checked = engine_layers_checked and profile is not None and judged is not None and bool(judged.slots)
+    if match is None and checked and not any(
             f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in findings):
         match = True
     if match is True:

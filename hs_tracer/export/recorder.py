@@ -191,8 +191,9 @@ class Recorder(threading.Thread):
         (:func:`hs_tracer.diagnosis.verdict.live_report`); new findings go to Prometheus once."""
         from hs_tracer.diagnosis.verdict import live_report
 
+        # the static checks compared the engine's own layers_to_capture with the profile at startup
         report = live_report(self.st.static_findings, self.judged, self.acceptance.summary(), self.profile,
-                             self.st.draft_config)
+                             self.st.draft_config, engine_layers_checked=self.profile is not None)
         static = {(f.code, f.slot) for f in self.st.static_findings}
         for f in report.findings:
             key = (f.code, f.slot, None if f.code is Code.ACCEPTANCE_DROP else f.observed)

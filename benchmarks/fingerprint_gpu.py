@@ -11,10 +11,14 @@ Method:
 * "graph": the calls captured in one CUDA graph, replayed; time per call = replay time / calls;
 * "eager": each call between two events, enqueued behind a GPU sleep so the GPU never waits for
   the CPU (the time is the GPU's, launch gaps excluded);
-* probe.observe (kernel + digest readback + event) is eager only: under capture it records the kernel alone;
-* "host": CPU microseconds per call of the bare kernel launch, of probe.observe, and of observe +
-  drain (what the two hooks cost the scheduler thread).
+* probe.observe (kernel into the pinned digest ring) is eager only: under capture it records the
+  kernel alone;
+* "host": CPU microseconds per call on the scheduler thread of: the bare kernel launch through
+  Triton's launcher; probe.observe on a static input (SGLang's case: the launch replays a CUDA graph
+  captured for that input); probe.observe with graphs off (direct launch); and, on the recorder
+  thread, probe.drain per landed step (digest read from the ring, StepDigest built).
 Target: fused kernel <= max(8 us, 1.5 x floor) at every N.
+``--profile-n N`` only launches the kernel a few times at N (for Nsight Compute).
 ``--sweep`` also times kernel configurations at N in {256, 1024, 4096} (graph) to pick the default.
 Writes fingerprint_gpu.json and fingerprint_gpu.md under --out.
 """
@@ -141,6 +145,19 @@ def host_us(fn: Callable[[int], None], nbuf: int, calls: int = 200) -> float:
     return t / calls * 1e6
 
 
+def drain_us(probe: FingerprintProbe, x: torch.Tensor, steps: int = 48) -> float:
+    """Recorder-thread microseconds per landed step to drain ``steps`` steps from the ring."""
+    probe.drain()
+    for i in range(steps):
+        probe.observe(x, i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    got = probe.drain()
+    t = time.perf_counter() - t0
+    assert len(got) == steps, len(got)
+    return t / steps * 1e6
+
+
 def bench_n(n: int, bw: float, l2: int) -> dict:
     xs = inputs(n, l2)
     nbuf = len(xs)
@@ -150,6 +167,8 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
     acc = ChannelAccumulators(torch.zeros((K, H), dtype=torch.int32, device=DEV),
                               torch.zeros((2, K, H), dtype=torch.float32, device=DEV))
     probe = FingerprintProbe(K, H, DEV, ring_size=64)
+    direct = FingerprintProbe(K, H, DEV, ring_size=64, graphs=False)
+    static = xs[0].clone()
     step = [0]
 
     def observe(i: int) -> None:
@@ -157,9 +176,13 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
         probe.observe(xs[i], step[0])
         probe.drain()
 
-    def observe_only(i: int) -> None:
+    def observe_static(_i: int) -> None:
         step[0] += 1
-        probe.observe(xs[i], step[0])
+        probe.observe(static, step[0])
+
+    def observe_direct(i: int) -> None:
+        step[0] += 1
+        direct.observe(xs[i], step[0])
 
     def kernel(i: int) -> None:
         fingerprint_fused(xs[i], ws)
@@ -174,9 +197,12 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
            "target_us": max(8.0, 1.5 * floor), "chunks": ws.grid(n)[0],
            "fused_graph_us": time_graph(kernel, nbuf), "fused_eager_us": time_eager(kernel, nbuf),
            "fused_pinned_eager_us": time_eager(kernel_pinned, nbuf),
-           "probe_observe_eager_us": time_eager(observe, nbuf), "probe_digest_to_host": probe._direct,
-           "probe_observe_host_us": host_us(observe_only, nbuf),
-           "probe_observe_drain_host_us": host_us(observe, nbuf), "kernel_host_us": host_us(kernel, nbuf),
+           "probe_observe_eager_us": time_eager(observe, nbuf),
+           "kernel_host_us": host_us(kernel, nbuf),
+           "observe_graph_host_us": host_us(observe_static, nbuf),
+           "observe_direct_host_us": host_us(observe_direct, nbuf),
+           "drain_host_us_per_step": drain_us(probe, static),
+           "graph_replays": probe.launcher.replays,
            "torch_ref_graph_us": time_graph(reference, nbuf),
            "torch_ref_eager_us": time_eager(reference, nbuf)}
     row["meets_target"] = max(row["fused_graph_us"], row["fused_eager_us"]) <= row["target_us"]
@@ -204,15 +230,17 @@ def markdown(res: dict) -> str:
              f"K={K}, H={H}, bf16. Config {res['config']}. "
              "Method: benchmarks/fingerprint_gpu.py docstring.", "",
              "| N | MB read | floor µs | target µs | fused graph µs | fused eager µs "
-             "| probe.observe eager µs | host µs: launch / observe / observe+drain | torch ref graph µs "
-             "| torch ref eager µs | meets target |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+             "| probe.observe eager µs | scheduler host µs: observe (graph) / observe (direct) / bare "
+             "Triton launch | recorder µs: drain per step | torch ref graph µs | torch ref eager µs "
+             "| meets target |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in res["rows"]:
         lines.append(f"| {r['N']} | {r['bytes'] / 1e6:.2f} | {r['floor_us']:.2f} | {r['target_us']:.1f} | "
                      f"{r['fused_graph_us']:.2f} | {r['fused_eager_us']:.2f} | "
                      f"{r['probe_observe_eager_us']:.2f} | "
-                     f"{r['kernel_host_us']:.0f} / {r['probe_observe_host_us']:.0f} / "
-                     f"{r['probe_observe_drain_host_us']:.0f} | {r['torch_ref_graph_us']:.1f} | "
+                     f"{r['observe_graph_host_us']:.1f} / {r['observe_direct_host_us']:.1f} / "
+                     f"{r['kernel_host_us']:.1f} | {r['drain_host_us_per_step']:.1f} | "
+                     f"{r['torch_ref_graph_us']:.1f} | "
                      f"{r['torch_ref_eager_us']:.1f} | {'yes' if r['meets_target'] else 'NO'} |")
     if res.get("sweep"):
         lines += ["", "Config sweep (graph µs per call):", "",
@@ -229,7 +257,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--sweep", action="store_true", help="also time kernel configurations")
     ap.add_argument("--sweep-only", action="store_true", help="time kernel configurations only")
+    ap.add_argument("--profile-n", type=int, help="launch the kernel 5 times at this N and exit")
     args = ap.parse_args()
+    if args.profile_n:
+        x = inputs(args.profile_n, 0)[0]
+        ws = FingerprintWorkspace(K, H, DEV)
+        for _ in range(5):
+            fingerprint_fused(x, ws)
+        torch.cuda.synchronize()
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     res = {"machine": machine(), "config": DEFAULT_CONFIG.__dict__}
     l2 = res["machine"]["l2_bytes"]

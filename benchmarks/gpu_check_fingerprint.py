@@ -7,7 +7,7 @@ Checks, each on fresh random inputs (the seed is printed):
    N 1..4096, K 1..4, H 64..7168, NaN/Inf rows, a row-strided view), digest poisoned first;
 2. determinism: 50 launches on one input give bitwise-equal digests (a race would show);
 3. the probe under ``torch.cuda.set_sync_debug_mode("error")``: observe/drain/end_window/read_window
-   for many steps with no sync and no device allocation, both readback paths, bounded ring;
+   for many steps with no sync and no device allocation, graph-replayed and direct launches, bounded ring;
 4. CUDA graphs: the kernel and ``probe.observe`` captured and replayed on changing inputs.
 Writes gpu_check_fingerprint.json and .log under --out; exits 1 if any check fails.
 """
@@ -117,31 +117,44 @@ def check_determinism(rng: np.random.Generator) -> dict:
             "failures": [] if ok else [f"same={same} channels {c}"]}
 
 
-def _probe_run(rng: np.random.Generator, digest_to_host: bool | None) -> dict:
+def _probe_run(rng: np.random.Generator, graphs: bool) -> dict:
+    """``graphs``: every step's input is copied into one static buffer first (as SGLang's target
+    graph hands it over), so the launcher promotes it to a replayed graph; else fresh inputs of
+    varying size, launched directly."""
     k, h, steps, ring = 3, 7168, 40, 8
-    probe = FingerprintProbe(k, h, DEV, ring_size=ring, window_steps=16, digest_to_host=digest_to_host)
-    xs_cpu = [random_draft_input(rng, int(rng.integers(1, 200)), k, h, torch.bfloat16) for _ in range(steps)]
-    xs = [x.to(DEV) for x in xs_cpu]
+    probe = FingerprintProbe(k, h, DEV, ring_size=ring, window_steps=16, graphs=graphs)
+    sizes = [64] * steps if graphs else [int(rng.integers(1, 200)) for _ in range(steps)]
+    xs_cpu = [random_draft_input(rng, n, k, h, torch.bfloat16) for n in sizes]
+    fresh = [x.to(DEV) for x in xs_cpu]
+    static = torch.zeros((64, k * h), dtype=torch.bfloat16, device=DEV)
     empty = torch.zeros((0, k * h), dtype=torch.bfloat16, device=DEV)
+    if graphs:  # the input's graph is captured on its second sighting: before the armed steps
+        for i in (-2, -1):
+            probe.observe(static, i)
     torch.cuda.synchronize()
+    probe.drain()
+    probe._acc.reset()  # the warm-up steps are not part of the windows checked below
     got, windows = [], []
     torch.cuda.set_sync_debug_mode("error")
     try:
         # Proof the mode is armed: a real sync raises.
         try:
-            xs[0].sum().item()
+            fresh[0].sum().item()
             armed = False
         except RuntimeError:
             armed = True
         allocs_before = torch.cuda.memory_stats(DEV).get("allocation.all.allocated", 0)
-        for i, x in enumerate(xs):
+        for i, x in enumerate(fresh):
+            if graphs:
+                static.copy_(x)
+                x = static
             probe.observe(x, i)
             got += probe.drain()
             w = probe.read_window()
             if w is not None:
                 windows.append(w)
         probe.observe(empty, steps)
-        mismatch = probe.observe(xs[0][:, :h], steps + 1)
+        mismatch = probe.observe(fresh[0][:, :h], steps + 1)
         allocs_after = torch.cuda.memory_stats(DEV).get("allocation.all.allocated", 0)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -179,14 +192,20 @@ def _probe_run(rng: np.random.Generator, digest_to_host: bool | None) -> dict:
     # Bounded ring: 12 undrained steps in a ring of 8 drop the 4 oldest.
     dropped0 = probe.dropped
     for i in range(12):
-        probe.observe(xs[1], 1000 + i)
+        probe.observe(fresh[1], 1000 + i)
     torch.cuda.synchronize()
     tail = [s for s, _ in probe.drain()]
     if tail != list(range(1004, 1012)) or probe.dropped - dropped0 != 4:
         failures.append(f"ring overflow: drained {tail}, dropped {probe.dropped - dropped0}")
     if len(probe._ws._compiled) != 1:  # every ring slot and step size must reuse one compiled kernel
         failures.append(f"{len(probe._ws._compiled)} kernel specialisations compiled during the steps")
-    return {"digest_to_host": probe._direct, "compiled_variants": len(probe._ws._compiled), "steps": steps,
+    launcher = probe.launcher
+    if graphs and launcher.replays < steps:
+        failures.append(f"only {launcher.replays} of {steps} steps replayed a graph")
+    if not graphs and launcher.replays:
+        failures.append(f"{launcher.replays} graph replays with graphs off")
+    return {"graph_replays": launcher.replays, "direct_launches": launcher.direct, "graphs": launcher.graphs,
+            "compiled_variants": len(probe._ws._compiled), "steps": steps,
             "drained": len(got), "dropped": probe.dropped,
             "windows": len(windows), "window_skips": probe.window_skips, "sync_debug_armed": armed,
             "device_allocations_during_observe": allocs_after - allocs_before,
@@ -194,7 +213,7 @@ def _probe_run(rng: np.random.Generator, digest_to_host: bool | None) -> dict:
 
 
 def check_probe_no_sync(rng: np.random.Generator) -> dict:
-    return {"auto": _probe_run(rng, None), "memcpy": _probe_run(rng, False)}
+    return {"graphs": _probe_run(rng, True), "direct": _probe_run(rng, False)}
 
 
 def check_graph_capture(rng: np.random.Generator) -> dict:

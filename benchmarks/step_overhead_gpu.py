@@ -158,7 +158,7 @@ def bench_n(n: int, target: list[Layer], draft: Layer, fc: torch.Tensor, blocks:
             "step_us_off": 1e6 / statistics.median(off), "gpu_step_us_off": gpu_us["off"],
             "gpu_step_us_on": gpu_us["on"], "probe_dropped": probe.dropped, "probe_steps": probe.steps,
             "last_drain_len": len(drained), "window_read": window is not None,
-            "digest_to_host": probe._direct, "sync_debug_pass": True}
+            "graph_replays": probe.launcher.replays, "sync_debug_pass": True}
 
 
 def main() -> int:

@@ -130,3 +130,90 @@ def test_kernel_rejects_empty_and_wrong_width(kernel) -> None:
         kernel.fingerprint_fused(torch.zeros((0, 32)), ws)
     with pytest.raises(ValueError, match=r"expected x of shape \[N, 2\*16\]"):
         kernel.fingerprint_fused(torch.zeros((3, 16)), ws)
+
+
+class _ReplayByRerun:
+    """What a CUDA graph does on replay, on the CPU: the captured launch again, same arguments."""
+
+    def __init__(self, launch) -> None:
+        self.launch = launch
+
+    def replay(self) -> None:
+        self.launch()
+
+
+def _expect_digests(got, inputs, k: int, h: int, seed: int) -> None:
+    assert [(step, tokens) for step, tokens, _ in got] == [(s, x.shape[0]) for s, x in inputs]
+    for (_, _, raw), (_, x) in zip(got, inputs, strict=True):
+        ref_raw, _, abs_sum = fingerprint_float64(x.double().numpy(), k, h)
+        assert within_tolerance(digest_errors(raw.astype(np.float64), ref_raw, abs_sum), RTOL["float32"]), \
+            f"seed {seed}"
+
+
+def test_step_launcher_ring_and_graph_promotion(kernel, rng) -> None:
+    """The per-step launch path: direct launches until an input (address, rows, strides, dtype) has
+    been seen twice, then the captured launch is replayed; every launch, direct or replayed, fills the
+    next ring row (chosen on the device) and stamps it, and the ring maps rows back to step ids."""
+    from hs_tracer.fingerprint.launch import StepLauncher
+    from hs_tracer.fingerprint.ring import DigestRing
+
+    gen, seed = rng
+    k, h = 2, 64
+    cfg = kernel.KernelConfig(block_n=4, block_h=32)
+    ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=2)
+    ring = DigestRing(k, 4, torch.device("cpu"), pinned=False)
+    captured = []
+
+    def capture(launch):
+        captured.append(launch)
+        return _ReplayByRerun(launch)
+
+    launcher = StepLauncher(ws, kernel.RingTarget(ring.digests, ring.stamps, ring.seq), capture,
+                            max_graphs=2, promote_after=2)
+    static = random_draft_input(gen, 6, k, h, torch.bfloat16)  # a graph output buffer: same address
+    inputs = []
+    for step in range(3):
+        static.copy_(random_draft_input(gen, 6, k, h, torch.bfloat16))
+        ring.note(step, 6)
+        launcher.launch(static, 6)
+        inputs.append((step, static.clone()))
+    assert (launcher.direct, launcher.captures, launcher.replays) == (2, 1, 1)
+    _expect_digests(ring.drain(), inputs, k, h, seed)
+    assert ring.drain() == [] and int(ring.seq) == 3
+
+    # A fresh allocation each step (eager mode) is launched directly; rows wrap around the ring.
+    inputs = []
+    for step in range(3, 6):
+        x = random_draft_input(gen, int(gen.integers(1, 9)), k, h, torch.float16)
+        ring.note(step, x.shape[0])
+        launcher.launch(x, x.shape[0])
+        inputs.append((step, x))
+    _expect_digests(ring.drain(), inputs, k, h, seed)
+    assert ring.dropped == 0
+
+    # Bounded: six launches into four rows without a drain lose the two oldest.
+    inputs = []
+    for step in range(6, 12):
+        static.copy_(random_draft_input(gen, 6, k, h, torch.bfloat16))
+        ring.note(step, 6)
+        launcher.launch(static, 6)
+        inputs.append((step, static.clone()))
+    _expect_digests(ring.drain(), inputs[2:], k, h, seed)
+    assert ring.dropped == 2 and launcher.graphs == 1
+
+    # More promoted inputs than max_graphs: the oldest graph goes.
+    for rows in (2, 3):
+        for _ in range(2):
+            ring.note(99, rows)
+            launcher.launch(static[:rows], rows)
+    assert launcher.captures == 3 and launcher.graphs == 2
+    ring.drain()
+    # Landed but unread rows whose reuse is already noted (the producer a whole ring ahead, those
+    # launches still in flight) count as dropped; the in-flight ones are read once they land.
+    dropped = ring.dropped
+    for step in (200, 201):
+        ring.note(step, 6)
+        launcher.launch(static, 6)
+    for _ in range(4):
+        ring.note(300, 1)
+    assert ring.drain() == [] and ring.dropped == dropped + 2

@@ -10,6 +10,13 @@ whose rows hold a NaN/Inf reads them a second time with masking), then
 * takes a ticket from a counter; the program that draws the last ticket reduces all partials into
   the ``[K, 5]`` digest in a fixed order (deterministic) and resets the counter for the next launch.
 
+The digest goes into a ring (:class:`RingTarget`): the last program increments a device-side launch
+counter ``seq``, writes the digest into row ``seq % ring_size`` and then stamps that row with
+``seq`` (after a system-scope fence, so a host reading pinned memory sees the stamp only after the
+digest). The host needs no event: a row whose stamp equals the launch number it expects is done.
+Because the row is chosen on the device, the same launch replayed from a CUDA graph fills
+successive rows.
+
 So there is one launch, no memset, no allocation, nothing read back: the kernel is safe to capture
 in a CUDA graph and replay (each replay writes a fresh digest and adds to the accumulators).
 Concurrent launches on different streams must not share one :class:`FingerprintWorkspace`.
@@ -89,11 +96,11 @@ def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
     return acc_s, acc_q, acc_m, acc_bad
 
 
-@triton.jit(do_not_specialize=["n_rows", "rows_per_prog", "num_chunks"])
+@triton.jit(do_not_specialize=["n_rows", "rows_per_prog", "num_chunks", "ring_size", "ring_stride"])
 def _fingerprint_kernel(
     x_ptr, stride_row, stride_col,
     n_rows, rows_per_prog, num_chunks, num_col_blocks, hidden, num_slots,
-    partial_ptr, ticket_ptr, digest_ptr,
+    partial_ptr, ticket_ptr, ring_ptr, ring_stride, ring_size, stamp_ptr, seq_ptr,
     acc_count_ptr, acc_sum_ptr, acc_sumsq_ptr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -145,13 +152,19 @@ def _fingerprint_kernel(
             v_m = tl.maximum(v_m, tl.load(p + 2 * num_programs, mask=pm, other=0.0, cache_modifier=".cg"))
             v_b += tl.load(p + 3 * num_programs, mask=pm, other=0.0, cache_modifier=".cg")
         bad = tl.sum(v_b, axis=1)
-        out = digest_ptr + ks * 5
+        seq = tl.load(seq_ptr) + 1  # only this program of each launch touches the counter
+        row = seq % ring_size
+        out = ring_ptr + row * ring_stride + ks * 5
         tl.store(out + 0, (n_rows * hidden).to(tl.float32) - bad, mask=k_ok)
         tl.store(out + 1, tl.sum(v_s, axis=1), mask=k_ok)
         tl.store(out + 2, tl.sum(v_q, axis=1), mask=k_ok)
         tl.store(out + 3, tl.max(v_m, axis=1), mask=k_ok)
         tl.store(out + 4, bad, mask=k_ok)
-        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed")
+        tl.store(seq_ptr, seq)
+        # Resetting the ticket with a release at system scope compiles to a system-wide fence
+        # before the exchange: the digest stores above reach host memory before the stamp below.
+        tl.atomic_xchg(ticket_ptr, 0, sem="release", scope="sys")
+        tl.store(stamp_ptr + row, seq)
 
     # Window sums last: fire-and-forget adds, so the ticket's release fence above does not wait for them.
     n_here = tl.maximum(row_end - row_start, 0)
@@ -161,11 +174,22 @@ def _fingerprint_kernel(
     tl.atomic_add(acc_count_ptr + acc_off, n_here - acc_bad, mask=col_ok, sem="relaxed")
 
 
+@dataclass(frozen=True)
+class RingTarget:
+    """Where the kernel writes its digest: ``digests [R, >= K*5]`` float32 (rows 16-byte aligned;
+    device or pinned host memory), ``stamps [R]`` int64 (same kind of memory) and ``seq [1]`` int64
+    on the device, the number of launches so far. Launch ``seq`` fills row ``seq % R``."""
+
+    digests: torch.Tensor
+    stamps: torch.Tensor
+    seq: torch.Tensor
+
+
 class FingerprintWorkspace:
     """Everything one kernel launch touches besides its input and digest, allocated once.
 
     ``acc`` holds the window's per-channel sums; ``digest`` is a device ``[K, 5]`` buffer for callers
-    that don't pass their own output (graph capture, the memcpy readback path).
+    that don't pass their own output (graph capture), a one-row ring with its own counter.
     """
 
     def __init__(self, num_slots: int, hidden: int, device: torch.device | str,
@@ -190,6 +214,8 @@ class FingerprintWorkspace:
         max_programs = num_slots * self.num_col_blocks * config.max_chunks
         self._partials = torch.zeros(max_programs * _PARTIAL_WIDTH, dtype=torch.float32, device=device)
         self._ticket = torch.zeros(1, dtype=torch.int32, device=device)
+        self._stamp = torch.zeros(1, dtype=torch.int64, device=device)
+        self._seq = torch.zeros(1, dtype=torch.int64, device=device)
         self.block_k = triton.next_power_of_2(num_slots)
         # Fast relaunch (see fingerprint_fused): compiled kernels by specialisation, grids by N, and
         # the fixed device pointers as plain integers (the launcher then skips its pointer checks).
@@ -222,10 +248,11 @@ def _spec(v: int) -> tuple[bool, bool, bool]:
 
 
 def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
-                      digest_out: torch.Tensor | None = None) -> None:
-    """Enqueue the fused kernel on the current stream: digest into ``digest_out`` (default
-    ``ws.digest``; any ``[K, 5]`` float32 memory the GPU can write, pinned host memory included),
-    per-channel sums added to ``ws.acc``. ``x`` must be ``[N, K*H]`` with ``N >= 1``.
+                      digest_out: torch.Tensor | None = None, ring: RingTarget | None = None) -> None:
+    """Enqueue the fused kernel on the current stream: digest into the next row of ``ring``, or
+    into ``digest_out`` (default ``ws.digest``; any ``[K, 5]`` float32 memory the GPU can write,
+    pinned host memory included); per-channel sums added to ``ws.acc``. ``x`` must be ``[N, K*H]``
+    with ``N >= 1``.
 
     The first launch per input specialisation goes through ``triton.jit`` (compiling if needed);
     later ones call the compiled kernel directly, skipping the JIT's per-call argument binding and
@@ -236,12 +263,18 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
     n = x.shape[0]
     if n == 0:
         raise ValueError("fingerprint_fused needs at least one row; handle N=0 on the host")
-    out = ws.digest if digest_out is None else digest_out
+    if ring is None:
+        ring = RingTarget(ws.digest if digest_out is None else digest_out, ws._stamp, ws._seq)
+        ring_size, ring_stride = 1, 0
+    else:
+        ring_size, ring_stride = ring.digests.shape[0], ring.digests.stride(0)
+    out, stamps = ring.digests, ring.stamps
     chunks, rows_per = ws.grid(n)
     grid0 = ws.num_slots * ws.num_col_blocks * chunks
     cfg = ws.config
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    key = (x.dtype, x_ptr % 16 == 0, _spec(x.stride(0)), _spec(x.stride(1)), out.dtype, out_ptr % 16 == 0)
+    key = (x.dtype, x_ptr % 16 == 0, _spec(x.stride(0)), _spec(x.stride(1)), out.dtype, out_ptr % 16 == 0,
+           out.is_cuda, stamps.is_cuda)
     compiled = ws._compiled.get(key)
     if compiled is not None:
         partials, ticket, count, sums, sumsq = ws._ptrs
@@ -249,13 +282,14 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
         compiled.run(grid0, 1, 1, stream, compiled.function, compiled.packed_metadata,
                      None, None, None,  # no launch metadata, no enter/exit hooks
                      x_ptr, x.stride(0), x.stride(1), n, rows_per, chunks, ws.num_col_blocks, ws.hidden,
-                     ws.num_slots, partials, ticket, out_ptr if out.is_cuda else out, count, sums, sumsq,
+                     ws.num_slots, partials, ticket, out_ptr if out.is_cuda else out, ring_stride, ring_size,
+                     stamps.data_ptr() if stamps.is_cuda else stamps, ring.seq.data_ptr(), count, sums, sumsq,
                      cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch)
         return
     compiled = _fingerprint_kernel[(grid0,)](
         x, x.stride(0), x.stride(1),
         n, rows_per, chunks, ws.num_col_blocks, ws.hidden, ws.num_slots,
-        ws._partials, ws._ticket, out,
+        ws._partials, ws._ticket, out, ring_stride, ring_size, stamps, ring.seq,
         ws.acc.count, ws.acc.sums[0], ws.acc.sums[1],
         cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch,
         num_warps=cfg.num_warps)

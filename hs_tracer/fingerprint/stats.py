@@ -11,6 +11,7 @@ and the norm profile differ from layer to layer), which is what diagnosis relies
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,10 +43,9 @@ class StepDigest:
     def from_raw(cls, tokens: int, raw: np.ndarray) -> StepDigest:
         """Build from the kernels' ``[K, DIGEST_WIDTH]`` array of (count, sum, sumsq, absmax, nonfinite)."""
         slots = []
-        for count, total, sumsq, absmax, nonfinite in np.asarray(raw, dtype=np.float64):
+        for count, total, sumsq, absmax, nonfinite in np.asarray(raw, dtype=np.float64).tolist():
             n = max(count, 1.0)
-            slots.append(SlotDigest(int(count), total / n, float(np.sqrt(sumsq / n)), float(absmax),
-                                    int(nonfinite)))
+            slots.append(SlotDigest(int(count), total / n, math.sqrt(sumsq / n), absmax, int(nonfinite)))
         return cls(tokens, tuple(slots))
 
     def raw(self) -> np.ndarray:

@@ -1,0 +1,80 @@
+"""The host side of the digest ring the fused kernel writes: which launch is which step, and which
+rows have landed, without CUDA events.
+
+Launch number ``seq`` (counted on the device, see ``kernel.RingTarget``) fills row ``seq % R`` and
+stamps it with ``seq`` last. The producer (the scheduler thread) calls :meth:`DigestRing.note` just
+before each launch, storing ``(seq, step_id, tokens)`` for that row as one tuple (a single store,
+atomic under the GIL), so the step path allocates one small tuple and nothing else. The consumer
+(any one thread at a time) calls :meth:`drain`: a row is complete when its stamp equals the launch
+number expected; it copies the row and then checks that the row's bookkeeping still names that
+launch. Since the note for launch ``seq + R`` is stored before that launch is enqueued, an unchanged
+note proves the copy was taken before anything could overwrite the row. Rows overwritten before they
+were read (the consumer more than R launches behind) are counted in :attr:`dropped`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH
+
+
+class DigestRing:
+    """``size`` rows of ``[K, 5]`` float32 digests plus int64 stamps, in pinned host memory when
+    ``pinned`` (the GPU writes them over the bus), and the device-side launch counter."""
+
+    def __init__(self, num_slots: int, size: int, device: torch.device, pinned: bool) -> None:
+        if size < 1:
+            raise ValueError(f"ring size must be positive, got {size}")
+        self.num_slots = num_slots
+        self.size = size
+        width = num_slots * DIGEST_WIDTH
+        # Rows padded to 16 bytes: every row has the alignment the kernel was compiled for.
+        self.digests = torch.zeros((size, -(-width // 4) * 4), dtype=torch.float32, pin_memory=pinned)
+        self.stamps = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
+        self.seq = torch.zeros(1, dtype=torch.int64, device=device)
+        self._rows = self.digests.numpy()[:, :width].reshape(size, num_slots, DIGEST_WIDTH)
+        self._stamps = self.stamps.numpy()
+        self._notes: list[tuple[int, int, int] | None] = [None] * size
+        self.launched = 0  # launch number of the last noted launch (the device counter, once it ran)
+        self._next = 1  # next launch number to read
+        self._read_lock = threading.Lock()
+        self.dropped = 0
+
+    def note(self, step_id: int, tokens: int) -> None:
+        """Producer: the next launch fingerprints ``step_id`` (``tokens`` rows). Call right before it."""
+        seq = self.launched + 1
+        self._notes[seq % self.size] = (seq, step_id, tokens)
+        self.launched = seq
+
+    def skip_launched(self) -> None:
+        """Forget every launch so far (e.g. a warm-up launch): drain starts after them."""
+        with self._read_lock:
+            self._next = self.launched + 1
+
+    def drain(self) -> list[tuple[int, int, np.ndarray]]:
+        """Consumer: ``(step_id, tokens, raw [K, 5])`` of the launches that landed since the last call,
+        oldest first, stopping at the first that has not. Never waits."""
+        out = []
+        with self._read_lock:
+            last, nxt, size = self.launched, self._next, self.size
+            if last - nxt + 1 > size:  # rows already reused by later launches
+                self.dropped += last - size + 1 - nxt
+                nxt = last - size + 1
+            while nxt <= last:
+                row = nxt % size
+                stamp = int(self._stamps[row])
+                if stamp < nxt:
+                    break  # not landed yet
+                raw = self._rows[row].copy()
+                note = self._notes[row]
+                if stamp == nxt and note is not None and note[0] == nxt:
+                    out.append((note[1], note[2], raw))
+                else:
+                    self.dropped += 1  # overwritten by launch nxt + size before we read it
+                nxt += 1
+            self._next = nxt
+        return out

@@ -123,7 +123,7 @@ class Convention(str, enum.Enum):
     """How a list of layer ids is meant. Values are the names the CLI accepts (``--convention``)."""
 
     SGLANG_CAPTURE = "sglang_capture"  # SGLang's internal layers_to_capture (C_in)
-    SGLANG_DRAFT_CONFIG = "sglang_draft_config"  # draft-config ids as SGLang 0.5.23 reads them (family rule)
+    SGLANG_DRAFT_CONFIG = "sglang_draft_config"  # draft-config ids as SGLang reads them (family, release)
     SPECFORGE = "specforge"  # SpecForge configs/data: output of block j (C_out)
     SPECULATORS = "speculators"  # speculators: input of layer k (C_in)
     VLLM = "vllm"  # vLLM eagle_aux_hidden_state_layer_ids: input of layer k (C_in)
@@ -147,7 +147,8 @@ C_IN_CONVENTIONS = frozenset(
 
 
 class Family(str, enum.Enum):
-    """SGLang 0.5.23 ``set_eagle3_layers_to_capture`` rules (draft-config ids -> ``layers_to_capture``)."""
+    """SGLang ``set_eagle3_layers_to_capture`` rules (draft-config ids -> ``layers_to_capture``); the
+    DeepSeek and gpt-oss rules depend on the release (:class:`LayerIdRules`), the others do not."""
 
     LLAMA = "llama"  # Llama, Qwen2/3(-MoE/-Next/-VL), GLM4-MoE, Gemma, MiniMax-M2/M3, ...: always +1
     DEEPSEEK = "deepseek"  # DeepSeek-V2/V3/V3.2, Kimi-K2/K2.5, GLM-MoE-DSA, GLM4-MoE-Lite: +1 iff ids[0]==1
@@ -163,6 +164,61 @@ class Family(str, enum.Enum):
         except ValueError:
             names = ", ".join(f.value for f in cls)
             raise ValueError(f"unknown model family {text!r}; use one of: {names}") from None
+
+
+@dataclass(frozen=True)
+class LayerIdRules:
+    """How a range of SGLang releases turns draft-config ids into what the target captures.
+
+    Read from each release's ``set_eagle3_layers_to_capture`` and model loops (docs/versions.md).
+    """
+
+    first: str  # oldest release of the range
+    last: str  # newest release of the range
+    deepseek_first_id_rule: bool  # DeepSeek family: +1 only when ids[0] == 1 (else +1 to every id)
+    gpt_oss_final_boundary: bool  # gpt-oss: ids kept when max(ids) == N, id N captured at the final norm
+    deepseek_packer: bool  # DeepSeek family: fewer captures than ids raise at the first forward
+
+    @property
+    def releases(self) -> str:
+        return self.first if self.first == self.last else f"{self.first}-{self.last}"
+
+    def covers(self, version: str) -> bool:
+        return _release_key(self.first) <= _release_key(version) <= _release_key(self.last)
+
+
+# Oldest first. Ranges are the releases whose source was read; a release outside them is refused
+# rather than guessed.
+SGLANG_LAYER_ID_RULES: tuple[LayerIdRules, ...] = (
+    LayerIdRules("0.5.9", "0.5.12", deepseek_first_id_rule=False, gpt_oss_final_boundary=False,
+                 deepseek_packer=False),
+    LayerIdRules("0.5.13", "0.5.16", deepseek_first_id_rule=True, gpt_oss_final_boundary=False,
+                 deepseek_packer=False),
+    LayerIdRules("0.5.17", "0.5.23", deepseek_first_id_rule=True, gpt_oss_final_boundary=True,
+                 deepseek_packer=True),
+)
+NEWEST_SGLANG = SGLANG_LAYER_ID_RULES[-1].last
+
+_RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post\d+)?$")
+
+
+def _release_key(version: str) -> tuple[int, int, int]:
+    m = _RELEASE_RE.match(version.strip())
+    if m is None:
+        raise ValueError(f"not an SGLang release number: {version!r} (expected e.g. 0.5.12 or 0.5.23.post1)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def layer_id_rules(sglang_version: str | None = None) -> LayerIdRules:
+    """The layer-id rules of an SGLang release (``.postN`` counts as its release; None: the newest)."""
+    if sglang_version is None:
+        return SGLANG_LAYER_ID_RULES[-1]
+    _release_key(sglang_version)
+    for rules in SGLANG_LAYER_ID_RULES:
+        if rules.covers(sglang_version):
+            return rules
+    known = ", ".join(r.releases for r in SGLANG_LAYER_ID_RULES)
+    raise ValueError(f"hs_tracer has not read SGLang {sglang_version}'s layer-id rules (known: {known})")
 
 
 # Architectures (HF config ``architectures[0]``) whose SGLang 0.5.23 class uses a non-Llama rule.
@@ -221,35 +277,39 @@ def default_ids(convention: Convention | str, num_layers: int) -> list[int]:
 
 
 def sglang_layers_to_capture(
-    draft_ids: Sequence[int] | None, family: Family | str, num_layers: int
+    draft_ids: Sequence[int] | None, family: Family | str, num_layers: int, *,
+    sglang_version: str | None = None,
 ) -> list[int]:
-    """What SGLang 0.5.23's ``set_eagle3_layers_to_capture(draft_ids)`` stores as ``layers_to_capture``.
+    """What SGLang's ``set_eagle3_layers_to_capture(draft_ids)`` stores as ``layers_to_capture`` on
+    ``sglang_version`` (None: the newest release hs_tracer knows).
 
     ``draft_ids`` is the draft config's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (None when
     absent or unreadable: SGLang then uses its default).
     """
     family = Family.parse(family)
+    rules = layer_id_rules(sglang_version)
     _check_num_layers(num_layers)
     n = num_layers
     if draft_ids is None:
         base = [2, n // 2, n - 3]
         return [v + 1 for v in base] if family is Family.PLUS_ONE_ALWAYS else base
     ids = [int(v) for v in draft_ids]
-    if family is Family.DEEPSEEK:
+    if family is Family.DEEPSEEK and rules.deepseek_first_id_rule:
         return [v + 1 for v in ids] if ids and ids[0] == 1 else list(ids)
-    if family is Family.GPT_OSS:
+    if family is Family.GPT_OSS and rules.gpt_oss_final_boundary:
         return list(ids) if ids and max(ids) == n else [v + 1 for v in ids]
     return [v + 1 for v in ids]
 
 
 @dataclass(frozen=True)
 class SGLangCapture:
-    """What an SGLang 0.5.23 target really captures for one ``layers_to_capture`` list.
+    """What an SGLang target really captures for one ``layers_to_capture`` list.
 
     ``sources`` is in slot order: the model loop appends in ascending layer order whatever the list
     order, each layer once. ``unreachable`` ids are never visited by the loop (so silently not
-    captured); ``duplicates`` are captured once. On the DeepSeek family the packer expects
-    ``len(layers_to_capture)`` captures and raises at the first forward when fewer arrive.
+    captured); ``duplicates`` are captured once. On the DeepSeek family of releases with the packer
+    (:attr:`LayerIdRules.deepseek_packer`) it expects ``len(layers_to_capture)`` captures and raises
+    at the first forward when fewer arrive; older releases feed the fewer states.
     """
 
     layers_to_capture: list[int]
@@ -259,13 +319,16 @@ class SGLangCapture:
     fails_at_forward: bool = False
 
 
-def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Family | str) -> SGLangCapture:
+def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Family | str, *,
+                   sglang_version: str | None = None) -> SGLangCapture:
     """Resolve SGLang's internal ``layers_to_capture`` to the sources the draft is fed, in slot order."""
     family = Family.parse(family)
+    rules = layer_id_rules(sglang_version)
     _check_num_layers(num_layers)
     ltc = [int(v) for v in layers_to_capture]
     # the model loop visits 0..N-1; gpt-oss also captures id N at its final norm (pre-norm residual)
-    top = num_layers if family is Family.GPT_OSS else num_layers - 1
+    # on releases with the final-boundary rule
+    top = num_layers if family is Family.GPT_OSS and rules.gpt_oss_final_boundary else num_layers - 1
     seen: set[int] = set()
     duplicates: list[int] = []
     for v in ltc:
@@ -275,13 +338,16 @@ def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Fa
     reachable = sorted(v for v in seen if 0 <= v <= top)
     unreachable = [v for v in ltc if not 0 <= v <= top]
     sources = [str(_c_in_source(v, num_layers)) for v in reachable]
-    fails = family is Family.DEEPSEEK and len(reachable) != len(ltc)
+    fails = family is Family.DEEPSEEK and rules.deepseek_packer and len(reachable) != len(ltc)
     return SGLangCapture(ltc, sources, unreachable, duplicates, fails)
 
 
-def sglang_sources(draft_ids: Sequence[int] | None, family: Family | str, num_layers: int) -> SGLangCapture:
-    """Draft-config ids -> what SGLang 0.5.23 feeds the draft (family rule, then the capture loop)."""
-    return sglang_capture(sglang_layers_to_capture(draft_ids, family, num_layers), num_layers, family)
+def sglang_sources(draft_ids: Sequence[int] | None, family: Family | str, num_layers: int, *,
+                   sglang_version: str | None = None) -> SGLangCapture:
+    """Draft-config ids -> what SGLang ``sglang_version`` feeds the draft (family rule, then the
+    capture loop; None: the newest release hs_tracer knows)."""
+    ltc = sglang_layers_to_capture(draft_ids, family, num_layers, sglang_version=sglang_version)
+    return sglang_capture(ltc, num_layers, family, sglang_version=sglang_version)
 
 
 def _c_in_source(k: int, num_layers: int) -> Source:
@@ -325,10 +391,12 @@ def to_sources(
     num_layers: int,
     *,
     family: Family | str | None = None,
+    sglang_version: str | None = None,
 ) -> list[str]:
     """Layer ids written in ``convention`` -> canonical sources, one per slot.
 
-    For ``sglang_draft_config`` and ``sglang_capture`` the result is what SGLang 0.5.23 feeds (ascending,
+    For ``sglang_draft_config`` and ``sglang_capture`` the result is what SGLang ``sglang_version``
+    (None: the newest release hs_tracer knows) feeds (ascending,
     each layer once, unreachable ids dropped); ``family`` is required for ``sglang_draft_config``
     and defaults to the Llama rule for ``sglang_capture``. For the others, one source per id in list
     order. ``ids=None`` means the tool's default (:func:`default_ids`).
@@ -339,11 +407,11 @@ def to_sources(
             raise ValueError(
                 "sglang_draft_config ids depend on the target family: pass family= (see family_of)"
             )
-        return sglang_sources(ids, family, num_layers).sources
+        return sglang_sources(ids, family, num_layers, sglang_version=sglang_version).sources
     if ids is None:
         ids = default_ids(convention, num_layers)
     if convention is Convention.SGLANG_CAPTURE:
-        return sglang_capture(ids, num_layers, family or Family.LLAMA).sources
+        return sglang_capture(ids, num_layers, family or Family.LLAMA, sglang_version=sglang_version).sources
     return [str(id_to_source(k, convention, num_layers)) for k in ids]
 
 

@@ -117,11 +117,13 @@ def test_variant_ids_shift_against_profile(
         eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 3, 4], "use_aux_hidden_state": True},
     )
     code, out = run_cli(
-        capsys, "--draft", variant, "--target", testbed.target, "--profile", profile, "--json"
+        capsys, "--draft", variant, "--target", testbed.target, "--profile", profile, "--json",
+        "--sglang-version", "0.5.23",
     )
     assert code == 1
     report = json.loads(out)
     assert report["status"] == "miswired"
+    assert report["preflight"]["engine"]["name"] == "sglang==0.5.23"
     mism = [
         (f["slot"], f["expected"], f["observed"])
         for f in report["findings"]
@@ -129,6 +131,34 @@ def test_variant_ids_shift_against_profile(
     ]
     assert mism == [(0, "block:1", "embedding"), (1, "block:3", "block:2"), (2, "block:4", "block:3")]
     assert any("[1, 3, 4]" in f["fix"] for f in report["findings"] if f["code"] == "layer_id_convention")
+
+
+def test_variant_ids_shift_on_an_older_release(
+    testbed: tb.TestbedPaths, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang 0.5.12 adds 1 to every DeepSeek id: the same [0,3,4] feed block 0, 3, 4 there."""
+    variant = _variant(
+        testbed,
+        tmp_path / "shifted",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 3, 4], "use_aux_hidden_state": True},
+    )
+    code, out = run_cli(
+        capsys, "--draft", variant, "--target", testbed.target, "--profile", profile, "--json",
+        "--sglang-version", "0.5.12",
+    )
+    assert code == 1
+    report = json.loads(out)
+    assert report["preflight"]["engine"]["name"] == "sglang==0.5.12"
+    assert report["preflight"]["engine"]["layers_to_capture"] == [1, 4, 5]
+    mism = [
+        (f["slot"], f["expected"], f["observed"])
+        for f in report["findings"]
+        if f["code"] == "layer_id_convention" and "slot" in f and f["severity"] == "critical"
+    ]
+    assert mism == [(0, "block:1", "block:0")]
+    assert any("[1, 3, 4]" in f["fix"] for f in report["findings"] if f["code"] == "layer_id_convention")
+    # the first-id warning belongs to releases with that rule only
+    assert not any("only when the first id is 1" in f["message"] for f in report["findings"])
 
 
 def test_variant_top_level_ids(
@@ -160,6 +190,11 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     draft = specforge_draft(tmp_path / "d", layer_ids=[1, 3, 4])
     code, out = run_cli(capsys, "--draft", draft, "--target", target, "--engine", "vllm==0.11")
     assert code == 2 and "not supported" in out
+    code, out = run_cli(capsys, "--draft", draft, "--target", target, "--sglang-version", "0.5.8")
+    assert code == 2 and "has not read SGLang 0.5.8" in out
+    code, out = run_cli(capsys, "--draft", draft, "--target", target, "--engine", "sglang==0.5.12",
+                        "--sglang-version", "0.5.23")
+    assert code == 2 and "disagree" in out
     code, out = run_cli(capsys, "--draft", draft, "--target", target, "--profile", tmp_path / "nope.profile")
     assert code == 2 and "profile" in out
     code, out = run_cli(

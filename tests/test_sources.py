@@ -10,6 +10,7 @@ import pytest
 from hs_tracer.sources import (
     EMBEDDING,
     FINAL_NORM,
+    NEWEST_SGLANG,
     Convention,
     Family,
     Source,
@@ -18,6 +19,7 @@ from hs_tracer.sources import (
     family_of,
     from_sources,
     id_to_source,
+    layer_id_rules,
     sglang_capture,
     sglang_layers_to_capture,
     sglang_sources,
@@ -254,12 +256,67 @@ def _run_real(cls: type, draft_ids: list[int] | None, n: int) -> list[int]:
     ],
 )
 def test_rules_match_installed_sglang(module: str, cls_name: str, family: Family) -> None:
+    """The rules of the installed release (make test runs this on every supported release)."""
     import importlib
+    import importlib.metadata
 
+    version = importlib.metadata.version("sglang")
     cls = getattr(importlib.import_module(module), cls_name)
     for n, cases in (
         (61, [None, [1, 29, 57], [2, 30, 58], [0, 3, 31], [-1, 3, 31]]),
         (36, [[24, 30, 36], [1, 17, 33]]),
     ):
         for ids in cases:
-            assert _run_real(cls, ids, n) == sglang_layers_to_capture(ids, family, n), (cls_name, ids)
+            want = sglang_layers_to_capture(ids, family, n, sglang_version=version)
+            assert _run_real(cls, ids, n) == want, (cls_name, version, ids)
+
+
+# --- the layer-id rules by SGLang release (read from each release's set_eagle3_layers_to_capture) -------
+
+
+@pytest.mark.parametrize(
+    ("version", "ids", "ltc"),
+    [
+        # DeepSeek family, first id not 1: 0.5.9-0.5.12 add 1 to every id, 0.5.13+ take the ids as they are
+        ("0.5.10", [0, 3, 5], [1, 4, 6]),
+        ("0.5.12", [0, 3, 5], [1, 4, 6]),
+        ("0.5.12.post1", [0, 3, 5], [1, 4, 6]),
+        ("0.5.13", [0, 3, 5], [0, 3, 5]),
+        ("0.5.23", [0, 3, 5], [0, 3, 5]),
+        # first id 1: every release adds 1
+        ("0.5.12", [1, 3, 5], [2, 4, 6]),
+        ("0.5.23", [1, 3, 5], [2, 4, 6]),
+    ],
+)
+def test_deepseek_rule_by_release(version: str, ids: list[int], ltc: list[int]) -> None:
+    assert sglang_layers_to_capture(ids, Family.DEEPSEEK, 8, sglang_version=version) == ltc
+
+
+def test_the_same_draft_config_feeds_different_layers_on_0_5_12_and_0_5_23() -> None:
+    ids = [0, 3, 5]  # a DeepSeek draft config whose first id is not 1
+    old = sglang_sources(ids, Family.DEEPSEEK, 8, sglang_version="0.5.12")
+    new = sglang_sources(ids, Family.DEEPSEEK, 8, sglang_version="0.5.23")
+    assert old.sources == blocks(0, 3, 5)
+    assert new.sources == ["embedding", "block:2", "block:4"]
+    fed = to_sources(ids, "sglang_draft_config", 8, family="deepseek", sglang_version="0.5.12")
+    assert fed == old.sources
+    assert sglang_sources(ids, Family.LLAMA, 8, sglang_version="0.5.12").sources == old.sources
+
+
+def test_gpt_oss_final_boundary_and_deepseek_packer_arrived_in_0_5_17() -> None:
+    n = 36
+    assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n, sglang_version="0.5.16") == [25, 31, 37]
+    assert sglang_sources([24, 30, 36], Family.GPT_OSS, n, sglang_version="0.5.16").unreachable == [37]
+    assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n, sglang_version="0.5.17") == [24, 30, 36]
+    old = sglang_sources([1, 3, 60], Family.DEEPSEEK, L, sglang_version="0.5.16")
+    assert old.unreachable == [61] and not old.fails_at_forward  # fewer states fed, no error
+    assert sglang_sources([1, 3, 60], Family.DEEPSEEK, L, sglang_version="0.5.17").fails_at_forward
+
+
+def test_release_defaults_to_the_newest_and_unknown_releases_are_refused() -> None:
+    assert layer_id_rules() == layer_id_rules(NEWEST_SGLANG) == layer_id_rules("0.5.23.post2")
+    for bad in ("0.5.8", "0.5.24", "0.6.0"):
+        with pytest.raises(ValueError, match="has not read SGLang"):
+            layer_id_rules(bad)
+    with pytest.raises(ValueError, match="not an SGLang release number"):
+        layer_id_rules("latest")

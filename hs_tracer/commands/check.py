@@ -12,14 +12,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "check",
         help="preflight: check an EAGLE-3 draft against its target and SGLang serving args",
         description="Static checks of a draft checkpoint, the target config and the serving args, as "
-                    "SGLang 0.5.23 will load and wire them. Exit 0 healthy, 1 critical findings, 2 input "
-                    "errors.",
+                    "SGLang will load and wire them (the layer-id rules of --sglang-version). Exit 0 "
+                    "healthy, 1 critical findings, 2 input errors.",
     )
     p.add_argument("--draft", type=Path, required=True, help="draft directory (config.json + weights)")
     p.add_argument("--target", type=Path, required=True, help="target model directory or its config.json")
     p.add_argument("--profile", type=Path, help="reference profile of the draft's training data "
                    "(compares the engine's sources with the training provenance)")
-    p.add_argument("--engine", default="sglang==0.5.23", help="serving engine (only sglang==0.5.23)")
+    p.add_argument("--engine", default="sglang", help="serving engine (only sglang; sglang==V is "
+                   "--sglang-version V)")
+    p.add_argument("--sglang-version", metavar="V", default=None,
+                   help="the SGLang release whose layer-id rules say what the draft is fed (default: the "
+                        "installed release, else the newest hs_tracer knows)")
     p.add_argument("--server-args", default=None, metavar="ARGS",
                    help="the server's command line or its speculative flags, e.g. "
                         "\"--speculative-algorithm EAGLE3 --speculative-num-steps 3 ...\"")
@@ -43,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from hs_tracer.preflight.spec_args import ServerArgsError
     from hs_tracer.profile.model import ProfileError
 
-    if args.engine.replace(" ", "") not in runner.SUPPORTED_ENGINES:
-        raise UsageError(f"--engine {args.engine} is not supported; this release checks against "
-                         f"{', '.join(runner.SUPPORTED_ENGINES)}")
+    version = _sglang_version(args)
     check_draft(args.draft)
     check_target(args.target)
     if args.profile is not None:
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if args.sglang_resolve:
             spec = _sglang_resolution(requested, args.target, args.draft)
         result = runner.run_check(args.draft, args.target, profile=args.profile, server_args=requested,
-                                  spec=spec)
+                                  spec=spec, sglang_version=version)
     except (ConfigError, CheckpointError, SafetensorsError, ServerArgsError, ProfileError) as exc:
         raise UsageError(str(exc)) from exc
     if args.json:
@@ -91,6 +93,26 @@ def human(result) -> str:
         lines.append(f"trained on: {s['trained_sources']}{origin}")
     lines.append(result.report.human(lead=False))
     return "\n".join(lines)
+
+
+def _sglang_version(args: argparse.Namespace) -> str:
+    """The release to check against: --sglang-version, --engine sglang==V, the installed SGLang, or
+    the newest release whose layer-id rules hs_tracer knows."""
+    from hs_tracer import sources
+    from hs_tracer.cli import UsageError
+    from hs_tracer.integrations.sglang.versions import installed_version
+
+    name, _, pinned = args.engine.replace(" ", "").partition("==")
+    if name != "sglang":
+        raise UsageError(f"--engine {args.engine} is not supported; this release checks against sglang")
+    if args.sglang_version and pinned and args.sglang_version != pinned:
+        raise UsageError(f"--engine {args.engine} and --sglang-version {args.sglang_version} disagree")
+    version = args.sglang_version or pinned or installed_version() or sources.NEWEST_SGLANG
+    try:
+        sources.layer_id_rules(version)
+    except ValueError as exc:
+        raise UsageError(f"--sglang-version {version}: {exc}") from exc
+    return version
 
 
 def _sglang_resolution(requested, target: Path, draft: Path):

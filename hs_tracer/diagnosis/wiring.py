@@ -57,6 +57,7 @@ class Wiring:
     draft_input_hidden: int | None = None  # the draft's target_hidden_size (fc chunk width)
     graph_width: int | None = None  # get_draft_input_from_target_hidden_dim: static draft-extend buffer
     layers_to_capture: list[int] | None = None
+    sglang_version: str | None = None  # the release whose layer-id rules apply (None: the newest)
 
     @property
     def family(self) -> src.Family:
@@ -70,9 +71,10 @@ class Wiring:
 
 def capture(w: Wiring) -> src.SGLangCapture:
     """What the target really feeds the draft, in slot order."""
+    release = w.sglang_version
     if w.layers_to_capture is not None:
-        return src.sglang_capture(w.layers_to_capture, w.num_layers, w.family)
-    return src.sglang_sources(w.engine_layer_ids, w.family, w.num_layers)
+        return src.sglang_capture(w.layers_to_capture, w.num_layers, w.family, sglang_version=release)
+    return src.sglang_sources(w.engine_layer_ids, w.family, w.num_layers, sglang_version=release)
 
 
 def fed_width(w: Wiring) -> int:
@@ -99,6 +101,7 @@ def wiring_from_record(record: WiringRecord, *, eagle3_draft: bool = True) -> Wi
         draft_num_aux_states=record.draft_num_aux_states,
         graph_width=record.draft_graph_width,
         layers_to_capture=list(record.layers_to_capture) if record.layers_to_capture else None,
+        sglang_version=record.sglang_version or None,
     )
 
 
@@ -158,7 +161,7 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
     """Ids the engine never reads (top level, or an unreadable ``eagle_config``) or none at all."""
     if not w.aux_enabled:
         return []
-    default = src.sglang_sources(None, w.family, w.num_layers).sources
+    default = src.sglang_sources(None, w.family, w.num_layers, sglang_version=w.sglang_version).sources
     if w.ids_location is IdsLocation.TOP_LEVEL or (w.ids_location is IdsLocation.BOTH
                                                    and not w.eagle_config_is_dict):
         ids = w.top_level_layer_ids or []
@@ -170,7 +173,7 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
                      "vLLM reads it one layer early.")
         return [Finding(
             Code.LAYER_IDS_IGNORED, severity,
-            f"eagle_aux_hidden_state_layer_ids {ids} sit at the top level of the draft config; SGLang 0.5.23 "
+            f"eagle_aux_hidden_state_layer_ids {ids} sit at the top level of the draft config; SGLang "
             f"reads only eagle_config.eagle_aux_hidden_state_layer_ids and captures its default "
             f"{_fmt(default)} instead (read as speculators/vLLM ids they mean {_fmt(meant or [])}).{shift}",
             _ids_fix(w, meant) if meant else
@@ -265,13 +268,15 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             "read as block outputs, or the reverse)",
             "check the convention of the ids against the training provenance (--profile)",
             slot=cap.sources.index(src.EMBEDDING), observed=src.EMBEDDING, details=details))
-    if w.family is src.Family.DEEPSEEK and ids and ids[0] != 1:
+    rules = src.layer_id_rules(w.sglang_version)
+    if w.family is src.Family.DEEPSEEK and rules.deepseek_first_id_rule and ids and ids[0] != 1:
         llama_rule = src.sglang_sources(ids, src.Family.LLAMA, w.num_layers).sources
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.WARNING,
-            f"on a DeepSeek-family target SGLang 0.5.23 adds 1 only when the first id is 1; {ids} are taken "
-            f"as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, +1 always) fed "
-            f"{_fmt(llama_rule)} for the same config (SGLang changed the rule in its pull request 25454)",
+            f"on a DeepSeek-family target SGLang {rules.releases} adds 1 only when the first id is 1; {ids} "
+            f"are taken as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, "
+            f"+1 always) fed {_fmt(llama_rule)} for the same config (SGLang changed the rule in its pull "
+            "request 25454)",
             "confirm which layers the draft was trained on (--profile); rewrite the ids so both sides agree",
             observed=_fmt(cap.sources), details={**details, "confirmable": True}))
     return findings
@@ -338,7 +343,8 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
         return None
     for candidate in ([v - 1 for v in c_in], c_in):
         try:
-            if src.sglang_sources(candidate, w.family, w.num_layers).sources == list(trained):
+            fed = src.sglang_sources(candidate, w.family, w.num_layers, sglang_version=w.sglang_version)
+            if fed.sources == list(trained):
                 return candidate
         except ValueError:
             continue
@@ -348,7 +354,8 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
 def _ids_fix(w: Wiring, trained: Sequence[str]) -> str:
     ids = ids_for_sources(w, trained)
     if ids is None:
-        return (f"SGLang 0.5.23 cannot capture {_fmt(trained)} on a {w.family.value}-family target (the "
+        return (f"SGLang {w.sglang_version or src.NEWEST_SGLANG} cannot capture {_fmt(trained)} on a "
+                f"{w.family.value}-family target (the "
                 "output of the last block is never captured); retrain the draft on capturable layers")
     return f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids}"
 

@@ -22,8 +22,7 @@ from hs_tracer.preflight.spec_args import SpecResolution, resolve_spec_args, spe
 from hs_tracer.preflight.vocab_map import check_vocab_mapping
 from hs_tracer.preflight.weight_checks import check_weights
 from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
-
-SUPPORTED_ENGINES = ("sglang==0.5.23",)
+from hs_tracer.sources import NEWEST_SGLANG
 
 
 @dataclass
@@ -54,7 +53,7 @@ def graph_width(draft: DraftConfig, algorithm: str | None) -> int | None:
 
 
 def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | None,
-                 algorithm: str | None) -> Wiring:
+                 algorithm: str | None, sglang_version: str | None = None) -> Wiring:
     fc_in = None
     if ckpt is not None:
         for key, shape in ckpt.shapes.items():
@@ -78,6 +77,7 @@ def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | No
         draft_num_aux_states=num_aux_states(draft),
         draft_input_hidden=fc_input_hidden(draft),
         graph_width=graph_width(draft, algorithm),
+        sglang_version=sglang_version,
     )
 
 
@@ -126,13 +126,15 @@ def run_check(
     trained_sources: Sequence[str] | None = None,
     server_args: dict[str, Any] | None = None,
     spec: SpecResolution | None = None,
+    sglang_version: str | None = None,
 ) -> CheckResult:
     """Run every preflight check.
 
     ``profile`` (a reference profile file) or ``trained_sources`` (canonical source per slot) give
     the training provenance. ``server_args`` holds the parsed speculative flags (None: served with
     ``--speculative-algorithm EAGLE3`` and SGLang's automatic values); ``spec`` is a resolution
-    computed elsewhere (SGLang's own pipeline). Raises ConfigError / CheckpointError / ProfileError
+    computed elsewhere (SGLang's own pipeline). ``sglang_version`` picks the release's layer-id rules
+    (None: the newest hs_tracer knows). Raises ConfigError / CheckpointError / ProfileError
     on unreadable input.
     """
     draft = read_draft_config(draft_dir)
@@ -178,7 +180,7 @@ def run_check(
             f"maps {ckpt.shapes[d2t_keys[-1]][0]} of {tgt.vocab_size} tokens, so SGLang refuses to start",
             "drop --speculative-use-rejection-sampling for a reduced-vocabulary draft"))
 
-    wiring = build_wiring(draft, tgt, ckpt, spec.algorithm)
+    wiring = build_wiring(draft, tgt, ckpt, spec.algorithm, sglang_version)
     findings += check_wiring(wiring, trained_sources)
 
     fed = capture(wiring)
@@ -195,7 +197,7 @@ def run_check(
         "target": {"path": str(tgt.path), "architecture": tgt.arch, "family": wiring.family.value,
                    "num_layers": tgt.num_hidden_layers, "hidden_size": tgt.hidden_size,
                    "vocab_size": tgt.vocab_size},
-        "engine": {"name": SUPPORTED_ENGINES[0],
+        "engine": {"name": f"sglang=={sglang_version or NEWEST_SGLANG}",
                    "layers_to_capture": fed.layers_to_capture if wiring.aux_enabled else [],
                    "sources": fed.sources if wiring.aux_enabled else [], "spec_args": spec.used(),
                    "spec_args_method": spec.method},

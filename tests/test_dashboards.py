@@ -409,3 +409,20 @@ def test_push_with_a_rejected_token_says_so(grafana_api: _GrafanaApi, monkeypatc
     assert main(["dashboards", "push", "--url", grafana_api.url]) == 1
     assert "rejected the token" in capsys.readouterr().err
     assert grafana_api.dashboards == []
+
+
+def test_per_rank_grouping_is_the_exporters_label_set() -> None:
+    """Every label a live exporter puts on its series, beyond the model and the metric's own
+    labels, is in PER_RANK: two schedulers that differ only in a rank never merge on a panel."""
+    from hs_tracer.dashboards import promql
+    from hs_tracer.export.prometheus import PrometheusExporter
+    from hs_tracer.records import Ranks
+
+    exporter = PrometheusExporter("m", Ranks(tp=1, pp=0, dp=1, attn_dp=1), serve=False)
+    try:
+        labels = {name for family in exporter.registry.collect() for sample in family.samples
+                  for name in sample.labels if name.endswith("_rank")}
+    finally:
+        exporter.close()
+    assert labels == {"tp_rank", "pp_rank", "dp_rank", "attn_dp_rank"}
+    assert labels <= set(promql.PER_RANK.split(", "))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from hs_tracer.export import prometheus as m
 
-RANKS = "tp_rank, pp_rank, dp_rank"
-"""Rank labels every hs_tracer series carries."""
+RANKS = ", ".join(label for label in m.BASE_LABELS if label.endswith("_rank"))
+"""Rank labels every hs_tracer series carries (the exporter's, DP replica and attention-DP rank
+included): grouping by them keeps one series per scheduler process."""
 
 PER_RANK = f"model, instance, {RANKS}"
 """Grouping for "per model and rank": one series per emitting scheduler process."""

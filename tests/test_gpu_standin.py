@@ -337,3 +337,59 @@ def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.M
         r.finished_reason = FINISH_LENGTH(8)
     hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))
     assert len(recorded) == 1  # a batch of finished requests only is no verify step
+
+
+def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With DP attention every rank's prefill is padded to a shared token count (MAX_LEN), and when
+    all its requests have a cached prefix SGLang trims the target's hidden states to ``seq_lens_sum``
+    (prefix included), so the padding rows reach the draft extend. On the H200 (TP=2, attention DP 2)
+    they went into DP rank 0's windows and every slot read "unknown". SGLang's own
+    ``post_forward_mlp_sync_batch`` shows the padding surviving; hs_tracer now fingerprints only the
+    requests' extend rows."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    from hs_tracer.config import TracerConfig
+    from hs_tracer.fingerprint.probe import FingerprintProbe
+    from hs_tracer.integrations.sglang import hooks, state
+    from hs_tracer.integrations.sglang.steps import StepPath
+    from hs_tracer.records import Ranks
+
+    k, h, padded = 3, 8, 16
+
+    def target_prefill(prefix: list[int], extend: list[int]) -> torch.Tensor:
+        """The hidden states SGLang hands to the draft after a padded DP prefill: real rows ~N(0, 1),
+        padding rows far off (what a dummy token at position 0 carries)."""
+        real = sum(extend)
+        rows = torch.cat([torch.randn(real, k * h, dtype=torch.float64),
+                          torch.full((padded - real, k * h), 1e4, dtype=torch.float64)])
+        seq_lens = [p + e for p, e in zip(prefix, extend, strict=True)]
+        fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=len(extend),
+                          input_ids=torch.zeros(padded, dtype=torch.long),
+                          req_pool_indices=torch.arange(len(extend)), seq_lens=torch.tensor(seq_lens),
+                          out_cache_loc=torch.zeros(padded, dtype=torch.long), seq_lens_sum=sum(seq_lens),
+                          positions=torch.zeros(padded, dtype=torch.long))
+        fb._original_num_tokens, fb._original_batch_size = real, len(extend)  # as prepare_mlp_sync_batch
+        out = LogitsProcessorOutput(next_token_logits=torch.zeros(len(extend), 4), hidden_states=rows)
+        fb.post_forward_mlp_sync_batch(out)
+        return out.hidden_states
+
+    monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
+    st = state.install(TracerConfig())
+    probe = FingerprintProbe(k, h, "cpu")
+    st.steps = StepPath(probe, probe, 1 << 30, Ranks(), lambda _rec: None)
+    cases = [([0, 0], [3, 5], 8),  # no cached prefix: SGLang trims to the real rows itself
+             ([9, 9], [2, 2], padded),  # cached prefixes: SGLang keeps the padding rows
+             ([], [], 0)]  # an idle rank: no rows
+    for prefix, extend, rows in cases:
+        features = target_prefill(prefix, extend)
+        assert features.shape[0] == rows
+        batch = types.SimpleNamespace(prefix_lens=prefix, extend_lens=extend)
+        hooks.before_draft_extend_for_prefill(None, batch, features)
+    assert st.hook_errors == 0
+    probe.end_window()
+    window = probe.read_window()
+    assert window is not None
+    # rows seen: 3 + 5 minus the two rows at position 0, then the 4 cached-prefix rows; no padding
+    assert window.count[0, 0] == 6 + 4
+    assert float(abs(window.sum).max()) < 1e3

@@ -11,9 +11,12 @@ result hook looks that number up: every record joins its own digest, accept leng
 step's record (prefill observations carry negative step numbers and are never claimed).
 
 **Which rows feed the diagnosis windows.** Decode rows: the verify window the draft extend reads
-(``bs x draft tokens`` rows, every row at position >= 1). Prefill rows: the prompt's extend rows
-minus the rows at position 0 (a request without a cached prefix starts there; its statistics
-differ and the profiles leave position 0 out). On a combined instance both go into one window
+(``bs x draft tokens`` rows, every row at position >= 1). Prefill rows: the requests' extend rows
+(the first ``sum(extend_lens)`` rows) minus the rows at position 0 (a request without a cached
+prefix starts there; its statistics differ and the profiles leave position 0 out). The tensor can
+be longer than that: with DP attention SGLang pads every rank's prefill to a shared token count
+(``MAX_LEN``) and, when every request has a cached prefix, hands the draft the padding rows too (it
+trims to ``seq_lens_sum``, prefix included). On a combined instance both go into one window
 stream (a short workload would otherwise not reach the diagnosis's minimum row count); a
 disaggregated prefill instance has prefill windows only, a decode instance decode windows only. A
 window closes every ``HS_TRACER_WINDOW_TOKENS`` rows.
@@ -119,11 +122,9 @@ class StepPath:
         started = time.perf_counter()
         self.prefill_steps += 1
         if features is not None and self.prefill is not None:
-            if all(p > 0 for p in prefix_lens):
-                self._observe(self.prefill, features, -self.prefill_steps)
-            else:
-                for start, end in prefill_segments(prefix_lens, extend_lens):
-                    self._observe(self.prefill, features[start:end], -self.prefill_steps)
+            # only the requests' extend rows: under DP attention SGLang hands over a padded tensor
+            for start, end in prefill_segments(prefix_lens, extend_lens):
+                self._observe(self.prefill, features[start:end], -self.prefill_steps)
         self._host_s += time.perf_counter() - started
 
     def _observe(self, windowed: _Windowed | None, features: Any, step: int) -> None:

@@ -64,7 +64,16 @@ CHAIN = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 TREE = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8")
-BATCH_SIZES = (1, 8, 32, 128)
+FP32 = ("--dtype", "float32")
+# prod: per batch size, alternating off/on pairs (at most; fewer if the deadline nears) and new
+# tokens per request; a decode step at batch 128 is ~9x one at batch 1, so it gets fewer tokens
+PROD_PLAN = {1: (16, 256), 8: (12, 256), 32: (8, 256), 128: (5, 128)}
+PROD_WARMUP = 2  # untimed runs per server and batch size, discarded
+PROD_MIN_PAIRS = 3
+# decode step time (s) per batch size at DeepSeek-V3 width on one H200 (the first run here): only to
+# spread the time left over the batch sizes; replaced by the measured warm-up time of each
+STEP_S_GUESS = {1: 0.0056, 8: 0.0077, 32: 0.0148, 128: 0.047}
+LOGPROB_TOP = 2  # plain decoding's top-2 log-probabilities: the margin where EAGLE's output diverges
 TRACE_ENV = {"HS_TRACER": "1", "HS_TRACER_WINDOW_TOKENS": "256", "HS_TRACER_TESTBED_SYNC_DEBUG": "1"}
 BASE_PORT = 31000
 METRICS_BASE_PORT = 39400
@@ -195,8 +204,11 @@ def counter(text: str, name: str) -> float:
 # ---- part: testbed -------------------------------------------------------------------------------
 def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp: int) -> list[Server]:
     par = ("--tp-size", str(tp)) if tp > 1 else ()
+    # prefill graphs up to 512 tokens (SGLang's default captures up to 4096): the testbed's prefills
+    # are under 512 tokens, so they still replay graphs, and startup captures fewer shapes
     common = (*par, "--mem-fraction-static", "0.85", "--max-total-tokens", "16384",
-              "--cuda-graph-max-bs-decode", "16", "--max-running-requests", "16", "--random-seed", "0")
+              "--cuda-graph-max-bs-decode", "16", "--cuda-graph-max-bs-prefill", "512",
+              "--max-running-requests", "16", "--random-seed", "0")
     traced = {**TRACE_ENV, "HS_TRACER_PROFILE": str(profile)}
     chain = (*common, *CHAIN, "--speculative-draft-model-path", str(draft))
     tree = (*common, *TREE, "--speculative-draft-model-path", str(draft))
@@ -209,15 +221,20 @@ def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp:
         Server("tree_off", target, tree),
         Server("tree_on", target, tree, traced, True),
     ]
+    if tp == 1:  # the lossless comparison again in float32, where bf16 near-ties cannot flip
+        servers += [Server("plain_fp32", target, (*common, *FP32)),
+                    Server("chain_fp32_on", target, (*chain, *FP32), traced, True),
+                    Server("tree_fp32_on", target, (*tree, *FP32), traced, True)]
     if tp > 1:
-        servers.append(Server("dp_attention_on", target,
-                              (*common, "--attn-dp-size", str(tp), *CHAIN,
-                               "--speculative-draft-model-path", str(draft)),
-                              {**traced, "HS_TRACER_METRICS_PORT": str(METRICS_BASE_PORT)}, True))
+        dp = (*common, "--attn-dp-size", str(tp), *CHAIN, "--speculative-draft-model-path", str(draft))
+        servers += [Server("dp_attention_off", target, dp),
+                    Server("dp_attention_on", target, dp,
+                           {**traced, "HS_TRACER_METRICS_PORT": str(METRICS_BASE_PORT)}, True)]
     return servers
 
 
-def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int) -> dict[str, Any]:
+def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int,
+                reference: list[list[int]] | None = None) -> dict[str, Any]:
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     runs: dict[str, Any] = {}
     live = [s for s in servers if s.error is None]
@@ -227,6 +244,10 @@ def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int) 
         for _ in range(2):  # round 2 re-sends the prompts: served from the radix cache
             outs = generate(s, {"prompt": prompts, "sampling_params": sampling})
             rounds.append(outs)
+        logprobs = None
+        if s.name == "plain":  # once more with the top-2 log-probabilities of every output token
+            logprobs = generate(s, {"prompt": prompts, "sampling_params": sampling, "return_logprob": True,
+                                    "top_logprobs_num": LOGPROB_TOP})
         reps = reports(s)
         metrics = None
         if "HS_TRACER_METRICS_PORT" in s.env:  # each emitting scheduler serves its own port
@@ -235,12 +256,12 @@ def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int) 
 
             metrics = [scrape(metrics_port_for(Ranks(**rep["ranks"]), METRICS_BASE_PORT))
                        for rep in reps if rep.get("emitting") and rep.get("ranks")]
-        return s.name, {"rounds": rounds, "reports": reps, "metrics": metrics}
+        return s.name, {"rounds": rounds, "reports": reps, "metrics": metrics, "logprobs": logprobs}
 
     with ThreadPoolExecutor(len(live) or 1) as pool:
         for name, res in pool.map(one, live):
             runs[name] = res
-    return summarize_testbed(servers, runs)
+    return summarize_testbed(servers, runs, reference)
 
 
 def _spec_counts(outs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -266,11 +287,48 @@ def _same(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
 
 
 # (traced, untraced) engines whose greedy outputs must be identical: hs_tracer must change nothing
-ON_OFF = (("chain_on", "chain_off"), ("tree_on", "tree_off"), ("shifted_on", "chain_off"),
-          ("dp_attention_on", "chain_off"))
+ON_OFF = (("chain_on", "chain_off"), ("tree_on", "tree_off"), ("dp_attention_on", "dp_attention_off"))
 
 
-def summarize_testbed(servers: list[Server], runs: dict[str, Any]) -> dict[str, Any]:
+def plain_reference(name: str) -> str:
+    """The plain-decoding engine an EAGLE engine's output must equal (same dtype)."""
+    return "plain_fp32" if name.endswith(("_fp32", "_fp32_on")) else "plain"
+
+
+def _top(entry: Any) -> list[tuple[float, int]]:
+    """``(logprob, token id)`` of one output position's ``output_top_logprobs`` entry, best first."""
+    return [(float(x[0]), int(x[1])) for x in entry]
+
+
+def divergence_margins(plain_ids: list[list[int]], plain_top: list[list[Any]],
+                       other: list[list[int]]) -> dict[str, Any]:
+    """Where ``other`` first differs from plain decoding, plain's log-probability margin between its
+    own token and the runner-up, against the margins at every output position: tiny margins at the
+    divergences (near-ties) mean numerics, not a wrong token committed by the speculative path."""
+    firsts = []
+    for i, (a, b) in enumerate(zip(plain_ids, other, strict=True)):
+        p = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        if p is None:
+            continue
+        top = _top(plain_top[i][p])
+        firsts.append({"sequence": i, "position": p, "plain_token": a[p], "eagle_token": b[p],
+                       "margin": top[0][0] - top[1][0],
+                       "plain_token_is_top1": top[0][1] == a[p], "eagle_token_is_top2": top[1][1] == b[p]})
+    margins = sorted(_top(e)[0][0] - _top(e)[1][0] for seq in plain_top for e in seq)
+    worst = max((f["margin"] for f in firsts), default=None)
+    return {
+        "first_divergences": firsts,
+        "max_margin_at_divergence": worst,
+        "all_positions": len(margins),
+        "median_margin_all_positions": margins[len(margins) // 2] if margins else None,
+        # share of all output positions whose margin is at most the largest one at a divergence
+        "share_of_positions_at_or_below_max": (sum(m <= worst for m in margins) / len(margins)
+                                                if margins and worst is not None else None),
+    }
+
+
+def summarize_testbed(servers: list[Server], runs: dict[str, Any],
+                      reference: list[list[int]] | None = None) -> dict[str, Any]:
     ids = {name: [[o["output_ids"] for o in rnd] for rnd in r["rounds"]] for name, r in runs.items()}
     out: dict[str, Any] = {"servers": {}, "lossless_vs_plain": {}, "tracing_on_vs_off": {},
                            "radix_round_2_vs_round_1": {}, "output_ids": ids}
@@ -286,19 +344,31 @@ def summarize_testbed(servers: list[Server], runs: dict[str, Any]) -> dict[str, 
             entry["schedulers"] = [_report_summary(rep) for rep in r["reports"]]
             if r["metrics"] is not None:  # one scrape per emitting scheduler
                 entry["metrics_verify_steps"] = [counter(t, "hs_tracer_verify_steps") for t in r["metrics"]]
-                entry["metrics_dp_rank_labels"] = [sorted(set(re.findall(r'dp_rank="(\d+)"', t)))
-                                                   for t in r["metrics"]]
+                entry["metrics_rank_labels"] = [
+                    {lab: sorted(set(re.findall(rf'(?<![a-z_]){lab}="(\d+)"', t)))
+                     for lab in ("tp_rank", "dp_rank", "attn_dp_rank")} for t in r["metrics"]]
             if s.traced:
                 entry["accept_length_reconciliation"] = _reconcile(entry["both_rounds"], entry["schedulers"])
         out["servers"][s.name] = entry
         if s.name in ids:
             # round 2 re-sends round 1's prompts: its prefill is served from the radix cache
             out["radix_round_2_vs_round_1"][s.name] = _same(ids[s.name][0], ids[s.name][1])
-            if "plain" in ids and s.name != "plain":
-                out["lossless_vs_plain"][s.name] = [_same(ids["plain"][i], ids[s.name][i]) for i in (0, 1)]
+            ref = plain_reference(s.name)
+            if ref in ids and not s.name.startswith("plain"):
+                out["lossless_vs_plain"][s.name] = [_same(ids[ref][i], ids[s.name][i]) for i in (0, 1)]
     for on, off in ON_OFF:
         if on in ids and off in ids:
             out["tracing_on_vs_off"][f"{on} vs {off}"] = [_same(ids[on][i], ids[off][i]) for i in (0, 1)]
+    lp = (runs.get("plain") or {}).get("logprobs")
+    if lp:
+        plain_top = [o["meta_info"]["output_top_logprobs"] for o in lp]
+        lp_ids = [o["output_ids"] for o in lp]
+        out["plain_logprob_round_identical"] = _same(ids["plain"][0], lp_ids)
+        out["near_ties_bf16"] = {name: [divergence_margins(lp_ids, plain_top, ids[name][i]) for i in (0, 1)]
+                                 for name in ids if plain_reference(name) == "plain" and name != "plain"}
+    if reference is not None:  # plain decoding of the same target on CPU, float32 (runs.py)
+        out["cpu_fp32_reference"] = {name: [_same(reference, ids[name][i]) for i in (0, 1)]
+                                     for name in ("plain", "plain_fp32") if name in ids}
     return out
 
 
@@ -344,7 +414,8 @@ def prod_servers(models: Path, tp: int) -> list[Server]:
     common = (*par, "--load-format", "dummy", "--speculative-draft-load-format", "dummy",
               "--skip-tokenizer-init", "--context-length", "2048", "--mem-fraction-static", "0.85",
               "--max-total-tokens", "131072", "--max-running-requests", "128",
-              "--cuda-graph-max-bs-decode", "128", "--random-seed", "0", *CHAIN,
+              "--cuda-graph-max-bs-decode", "128", "--cuda-graph-max-bs-prefill", "512",
+              "--random-seed", "0", *CHAIN,
               "--speculative-draft-model-path", str(models / "draft"))
     return [
         Server("prod_off", models / "target", common),
@@ -353,58 +424,97 @@ def prod_servers(models: Path, tp: int) -> list[Server]:
     ]
 
 
-def run_prod(servers: list[Server], reps: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
+def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64) -> dict[str, Any]:
+    """Decode throughput with tracing off and on, per batch size: warm-up runs discarded, then
+    alternating pairs (off-on, on-off, ...) of the same batch; the figure is the median over pairs
+    of each pair's on/off throughput ratio (two back-to-back runs see the same GPU and host state,
+    so slow drifts cancel), with its spread. Pairs are capped so the part ends before ``deadline``
+    (``time.monotonic()``), at least ``PROD_MIN_PAIRS`` each."""
     import random
 
     by_name = {s.name: s for s in servers}
     off, on = by_name["prod_off"], by_name["prod_on"]
     out: dict[str, Any] = {"servers": {s.name: {"startup_s": s.startup_s, "error": s.error,
-                                                 "args": list(s.args)} for s in servers}}
+                                                 "args": list(s.args)} for s in servers},
+                           "plan": {str(bs): {"max_pairs": p, "new_tokens": n} for bs, p, n in
+                                    ((bs, *PROD_PLAN[bs]) for bs in PROD_PLAN)},
+                           "warmup_runs_per_server": PROD_WARMUP}
     if off.error or on.error:
         return out
     rng = random.Random(0)
     metrics_port = METRICS_BASE_PORT + 1000
+    step_s = dict(STEP_S_GUESS)
     results = []
-    for bs in BATCH_SIZES:
+    for n, bs in enumerate(PROD_PLAN):
+        max_pairs, new_tokens = PROD_PLAN[bs]
         ids = [[rng.randrange(100, 30000) for _ in range(prompt_len)] for _ in range(bs)]
         payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                           "ignore_eos": True}}
-        for s in (off, on):  # warm-up (prefill paths, allocator)
-            generate(s, payload)
-        before = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
-        steps_before = counter(scrape(metrics_port), "hs_tracer_verify_steps")
+        warm = []
+        for _ in range(PROD_WARMUP):
+            for s in (off, on):
+                t0 = time.perf_counter()
+                generate(s, payload)
+                warm.append(time.perf_counter() - t0)
+        step_s[bs] = median(warm) / new_tokens
+        # the time left, shared over this and the remaining batch sizes by their planned cost
+        cost = {b: 2 * PROD_PLAN[b][0] * PROD_PLAN[b][1] * step_s[b] for b in list(PROD_PLAN)[n:]}
+        left = deadline - time.monotonic()
+        mine = left * cost[bs] / sum(cost.values()) if left != float("inf") else float("inf")
+        pairs = max_pairs if mine == float("inf") else int(mine / (2 * median(warm)))
+        pairs = max(PROD_MIN_PAIRS, min(max_pairs, pairs))
+        before_text = scrape(metrics_port)
+        before = histogram(before_text, "hs_tracer_host_overhead_seconds")
+        steps_before = counter(before_text, "hs_tracer_verify_steps")
         times: dict[str, list[float]] = {"off": [], "on": []}
         verify: dict[str, int] = {"off": 0, "on": 0}
-        for rep in range(reps):
-            order = ((off, "off"), (on, "on")) if rep % 2 == 0 else ((on, "on"), (off, "off"))
+        for pair in range(pairs):
+            order = ((off, "off"), (on, "on")) if pair % 2 == 0 else ((on, "on"), (off, "off"))
             for s, label in order:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
                 times[label].append(time.perf_counter() - t0)
-                verify[label] += sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in res)
-        time.sleep(1.5)  # the recorder observes the host-time histogram on its report refresh
+                # SGLang's verify steps of the batch: every request takes part in every step
+                verify[label] += max(int(o["meta_info"].get("spec_verify_ct") or 0) for o in res)
+        time.sleep(1.0)  # the recorder drains its queue every 0.5 s
         text = scrape(metrics_port)
         after = histogram(text, "hs_tracer_host_overhead_seconds")
-        steps_after = counter(text, "hs_tracer_verify_steps")
-        tokens = bs * new_tokens
-        tput = {k: tokens / median(v) for k, v in times.items()}
         dh = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        ratios = sorted(a / b for a, b in zip(times["off"], times["on"], strict=True))
+        tokens = bs * new_tokens
         results.append({
             "batch_size": bs, "new_tokens_per_request": new_tokens, "prompt_tokens": prompt_len,
+            "pairs": pairs, "warmup_wall_s": [round(x, 4) for x in warm],
             "wall_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
-            "tokens_per_s_off": round(tput["off"], 1), "tokens_per_s_on": round(tput["on"], 1),
-            "on_over_off": round(tput["on"] / tput["off"], 4),
+            "tokens_per_s_off": round(tokens / median(times["off"]), 1),
+            "tokens_per_s_on": round(tokens / median(times["on"]), 1),
+            # on/off throughput = off wall / on wall of the same pair
+            "on_over_off_pairs": [round(x, 4) for x in ratios],
+            "on_over_off": round(median(ratios), 4),
+            "on_over_off_min": round(ratios[0], 4), "on_over_off_max": round(ratios[-1], 4),
+            "on_over_off_iqr": [round(_quantile(ratios, 0.25), 4), round(_quantile(ratios, 0.75), 4)],
+            "decode_step_ms_off": round(1e3 * median(times["off"]) * pairs / max(verify["off"], 1), 3),
             "sglang_verify_steps": verify,
-            "hs_tracer_verify_steps": steps_after - steps_before,
+            "hs_tracer_verify_steps": counter(text, "hs_tracer_verify_steps") - steps_before,
             "host_overhead_histogram_delta": dh,
             "host_overhead_mean_us": (1e6 * dh["sum"] / dh["count"]) if dh.get("count") else None,
         })
-        print(f"[prod] bs {bs}: on/off {tput['on'] / tput['off']:.4f}", flush=True)
+        print(f"[prod] bs {bs}: {pairs} pairs, on/off median {results[-1]['on_over_off']:.4f} "
+              f"[{ratios[0]:.4f}, {ratios[-1]:.4f}], host {results[-1]['host_overhead_mean_us']} us/step",
+              flush=True)
     out["throughput"] = results
     out["gpu_memory_mib"] = {"off": gpu_memory_mib(off), "on": gpu_memory_mib(on)}
     out["final_metrics_host_overhead"] = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
     out["schedulers"] = [_report_summary(r) for r in reports(on, 0)]
     return out
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile of a sorted list."""
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 # ---- part: radix --------------------------------------------------------------------------------
@@ -512,19 +622,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", type=Path)
     ap.add_argument("--profile", type=Path)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=5, help="alternating on/off repetitions per batch size")
-    ap.add_argument("--prod-new-tokens", type=int, default=128)
+    ap.add_argument("--deadline-s", type=float, default=0,
+                    help="end the prod part's measurements this many seconds after the start (0: none); "
+                         "pairs per batch size shrink to fit, to no fewer than 3")
+    ap.add_argument("--reference-ids", type=Path,
+                    help="runs.py output of plain decoding of the same prompts on CPU in float32 "
+                         "(compared with the GPU's plain decoding)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     if args.target is not None and (args.draft is None or args.profile is None):
         ap.error("--target needs --draft and --profile")
     parts = [p for p in args.parts.split(",") if p]
+    t_start = time.monotonic()
+    deadline = t_start + args.deadline_s if args.deadline_s else float("inf")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `timeout` still stops the engines
 
     from hs_tracer_testbed.corpus import prompts as corpus_prompts
 
     prompts = corpus_prompts(seed=1234, n=16)
+    reference = None
+    if args.reference_ids is not None:
+        runs = json.loads(args.reference_ids.read_text())
+        reference = next(r["output_ids"] for r in runs if r["config"]["name"] == "plain")
     work = Path(tempfile.mkdtemp(prefix="hs-tracer-gpu-"))
     target, draft, shifted, profile = testbed_inputs(args, work)
     models = write_models(work / "prodwidth")
@@ -551,8 +671,12 @@ def main(argv: list[str] | None = None) -> int:
         "server_flags": list(launcher.SERVER_FLAGS), "runtime_env": launcher.RUNTIME_ENV,
         "environment": environment(), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
         "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: two "
-                   "rounds of the same 16 prompts; prod: alternating off/on batches, median wall time of "
-                   f"{args.reps} reps, tokens/s = batch * new tokens / wall (prefill included)"),
+                   "rounds of the same 16 prompts (plain decoding once more with top-2 log-probabilities); "
+                   f"prod: per batch size {PROD_WARMUP} warm-up runs per server discarded, then alternating "
+                   "off/on pairs (order flipped every pair), on/off = median over pairs of the pair's "
+                   "off wall / on wall, spread = min/max and quartiles over pairs; tokens/s = batch * new "
+                   "tokens / median wall (prefill of 64 prompt tokens included); hs_tracer host time per "
+                   "step = its own histogram (observed every verify step) over the timed runs"),
     }
     # All engines start at once (startup dominates); parts are then measured one after the other, each
     # part's engines stopped before the next part's workload, so prod throughput runs on a quiet GPU.
@@ -572,9 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         result["opcheck"] = {"error": repr(exc)}
     bodies: dict[str, Callable[[list[Server]], dict[str, Any]]] = {
-        "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens),
+        "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens, reference),
         "radix": lambda ss: run_radix(ss, prompts),
-        "prod": lambda ss: run_prod(ss, args.reps, 64, args.prod_new_tokens),
+        "prod": lambda ss: run_prod(ss, deadline),
     }
     try:
         for part, servers in active.items():
@@ -640,6 +764,32 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"- tracing on vs off, {pair}: {_identical(same)}")
         for name, same in (tb.get("radix_round_2_vs_round_1") or {}).items():
             lines.append(f"- {name}, round 2 vs round 1: {_identical([same])}")
+        if "plain_logprob_round_identical" in tb:
+            lines.append("- plain, round with log-probabilities vs round 1: "
+                         f"{_identical([tb['plain_logprob_round_identical']])}")
+        for name, same in (tb.get("cpu_fp32_reference") or {}).items():
+            lines.append(f"- {name} vs plain decoding on CPU in float32 (testbed engine): {_identical(same)}")
+        ties = tb.get("near_ties_bf16") or {}
+        if ties:
+            lines += ["", "Where a bf16 EAGLE engine first differs from plain decoding: plain's "
+                      "log-probability margin between its token and the runner-up (round 1 / round 2), "
+                      "against the margins at all output positions:", "",
+                      "| server | divergences | margins at divergence | EAGLE token = plain's runner-up | "
+                      "median margin, all positions | share of positions with margin <= the largest |",
+                      "|---|---|---|---|---|---|"]
+            for name, rounds in ties.items():
+                firsts = [f for rnd in rounds for f in rnd["first_divergences"]]
+                margins = ", ".join(format(f["margin"], ".3g") for f in firsts) or "-"
+                lines.append(
+                    f"| {name} | {' / '.join(str(len(rnd['first_divergences'])) for rnd in rounds)} | "
+                    f"{margins} | "
+                    f"{sum(f['eagle_token_is_top2'] for f in firsts)}/{len(firsts)} | "
+                    f"{_f(rounds[0]['median_margin_all_positions'])} | "
+                    f"{' / '.join(_f(rnd['share_of_positions_at_or_below_max']) for rnd in rounds)} |")
+        for name, s in (tb.get("servers") or {}).items():
+            if s.get("metrics_rank_labels"):
+                lines.append(f"- {name}: each emitting scheduler's own metrics port carries the labels "
+                             f"{s['metrics_rank_labels']} (verify steps {s.get('metrics_verify_steps')})")
         if tb.get("error"):
             lines += ["", f"Part error: {tb['error']}"]
         lines.append("")
@@ -652,12 +802,17 @@ def markdown(r: dict[str, Any]) -> str:
     if pr:
         lines += ["## DeepSeek-V3 width, random weights: tracing on vs off", "",
                   f"Models: {json.dumps(pr.get('models'))}", "",
-                  "| batch | tok/s off | tok/s on | on/off | hs_tracer host time per step (mean us) | "
-                  "histogram observations |", "|---|---|---|---|---|---|"]
+                  "| batch | new tokens | pairs | tok/s off | tok/s on | on/off (median of pairs) | "
+                  "min-max | quartiles | decode step ms (off) | hs_tracer host us/step (mean) | steps "
+                  "observed / hs_tracer steps / SGLang steps (on) |", "|---" * 11 + "|"]
         for t in pr.get("throughput") or []:
-            lines.append(f"| {t['batch_size']} | {t['tokens_per_s_off']} | {t['tokens_per_s_on']} | "
-                         f"{t['on_over_off']} | {_f(t.get('host_overhead_mean_us'))} | "
-                         f"{t['host_overhead_histogram_delta'].get('count')} |")
+            lines.append(f"| {t['batch_size']} | {t['new_tokens_per_request']} | {t['pairs']} | "
+                         f"{t['tokens_per_s_off']} | {t['tokens_per_s_on']} | {t['on_over_off']} | "
+                         f"{t['on_over_off_min']}-{t['on_over_off_max']} | {t['on_over_off_iqr']} | "
+                         f"{t['decode_step_ms_off']} | {_f(t.get('host_overhead_mean_us'))} | "
+                         f"{t['host_overhead_histogram_delta'].get('count')} / "
+                         f"{t['hs_tracer_verify_steps']} / "
+                         f"{t['sglang_verify_steps']['on']} |")
         lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
         if pr.get("error"):
             lines += [f"Part error: {pr['error']}", ""]

@@ -393,3 +393,28 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
     # rows seen: 3 + 5 minus the two rows at position 0, then the 4 cached-prefix rows; no padding
     assert window.count[0, 0] == 6 + 4
     assert float(abs(window.sum).max()) < 1e3
+
+
+def test_divergence_margins_read_plain_decodings_top2_where_eagle_first_differs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lossless evidence of the GPU script: where an EAGLE engine's greedy output first leaves
+    plain decoding's, the margin between plain's top-2 log-probabilities there, against all
+    positions' margins."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sglang", ROOT / "benchmarks" / "gpu_sglang.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_sglang", mod)  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    plain = [[1, 2, 3], [4, 5, 6]]
+    eagle = [[1, 2, 9], [4, 5, 6]]
+    top = [[[[-0.1, t, None], [-2.1, 7, None]] for t in seq] for seq in plain]
+    top[0][2] = [[-0.69, 3, None], [-0.70, 9, None]]  # a near-tie where the outputs part
+    got = mod.divergence_margins(plain, top, eagle)
+    (first,) = got["first_divergences"]
+    assert (first["sequence"], first["position"], first["eagle_token_is_top2"]) == (0, 2, True)
+    assert got["max_margin_at_divergence"] == pytest.approx(0.01)
+    assert got["median_margin_all_positions"] == pytest.approx(2.0)
+    assert got["share_of_positions_at_or_below_max"] == pytest.approx(1 / 6)
+    assert mod.plain_reference("tree_fp32_on") == "plain_fp32" and mod.plain_reference("tree_on") == "plain"

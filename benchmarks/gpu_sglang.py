@@ -296,8 +296,13 @@ def plain_reference(name: str) -> str:
 
 
 def _top(entry: Any) -> list[tuple[float, int]]:
-    """``(logprob, token id)`` of one output position's ``output_top_logprobs`` entry, best first."""
-    return [(float(x[0]), int(x[1])) for x in entry]
+    """``(logprob, token id)`` of one output position's ``output_top_logprobs`` entry, best first
+    (SGLang gives None for a position without log-probabilities)."""
+    return [(float(x[0]), int(x[1])) for x in entry or ()]
+
+
+def _margin(top: list[tuple[float, int]]) -> float | None:
+    return top[0][0] - top[1][0] if len(top) >= 2 else None
 
 
 def divergence_margins(plain_ids: list[list[int]], plain_top: list[list[Any]],
@@ -310,12 +315,12 @@ def divergence_margins(plain_ids: list[list[int]], plain_top: list[list[Any]],
         p = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
         if p is None:
             continue
-        top = _top(plain_top[i][p])
+        top = _top(plain_top[i][p] if p < len(plain_top[i]) else None)
         firsts.append({"sequence": i, "position": p, "plain_token": a[p], "eagle_token": b[p],
-                       "margin": top[0][0] - top[1][0],
-                       "plain_token_is_top1": top[0][1] == a[p], "eagle_token_is_top2": top[1][1] == b[p]})
-    margins = sorted(_top(e)[0][0] - _top(e)[1][0] for seq in plain_top for e in seq)
-    worst = max((f["margin"] for f in firsts), default=None)
+                       "margin": _margin(top), "plain_token_is_top1": bool(top) and top[0][1] == a[p],
+                       "eagle_token_is_top2": len(top) >= 2 and top[1][1] == b[p]})
+    margins = sorted(m for seq in plain_top for e in seq if (m := _margin(_top(e))) is not None)
+    worst = max((f["margin"] for f in firsts if f["margin"] is not None), default=None)
     return {
         "first_divergences": firsts,
         "max_margin_at_divergence": worst,
@@ -779,7 +784,8 @@ def markdown(r: dict[str, Any]) -> str:
                       "|---|---|---|---|---|---|"]
             for name, rounds in ties.items():
                 firsts = [f for rnd in rounds for f in rnd["first_divergences"]]
-                margins = ", ".join(format(f["margin"], ".3g") for f in firsts) or "-"
+                margins = ", ".join("-" if f["margin"] is None else format(f["margin"], ".3g")
+                                    for f in firsts) or "-"
                 lines.append(
                     f"| {name} | {' / '.join(str(len(rnd['first_divergences'])) for rnd in rounds)} | "
                     f"{margins} | "

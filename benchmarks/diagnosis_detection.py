@@ -4,7 +4,7 @@ What is measured: the reference profile is built from the testbed's SpecForge tr
 trained 8-layer DeepSeek-V3 target (with and without the all-layer atlas). Live windows are drawn from
 fresh held-out documents run through the target (bf16-rounded; same corpus as training, another seed)
 and from documents of the corpus's other domain, and fed wired correctly or as each miswiring of
-hs_tracer_testbed.evaluate.scenarios. For every window size, `reps` random windows (whole documents
+hs_tracer_testbed.miswire.fed_sources. For every window size, `reps` random windows (whole documents
 drawn at random, cut to size) are judged with the default thresholds:
 
 * false alarm: a correctly wired window whose status is not ``ok`` (and separately: ``miswired``);

@@ -195,3 +195,16 @@ def test_offline_accept_length_right_vs_wrong_layers(default: TestbedPaths) -> N
     # speculative decoding with a greedy target is lossless: same tokens as plain greedy decoding
     for p, got in zip(prompts[:3], right.tokens[:3], strict=True):
         assert got == greedy_tokens(target, p, len(got))
+
+
+def test_one_miswiring_catalogue() -> None:
+    """The offline accept-length measurement feeds the catalogue's wirings under the catalogue's names."""
+    from hs_tracer_testbed.build import wiring_variants
+    from hs_tracer_testbed.miswire import fed_sources
+
+    n = 8
+    catalogue = fed_sources(layer_plan(n)["aux_sources"])
+    measured = wiring_variants(n)
+    assert set(measured) == {k for k, v in catalogue.items() if S.FINAL_NORM not in v}
+    for name, ids in measured.items():
+        assert [str(S.Source.block_output(i)) for i in ids] == catalogue[name]

@@ -238,16 +238,17 @@ def _make_draft(paths: TestbedPaths, recipe: Recipe, target_cfg: dict[str, Any],
 
 
 def wiring_variants(num_layers: int) -> dict[str, list[int]]:
-    """C_out source lists the draft is fed in the measurements: the right one and miswirings."""
-    c_out = layer_plan(num_layers)["specforge_c_out"]
-    return {
-        "correct": c_out,
-        "off_by_one": [i + 1 for i in c_out],
-        "one_early": [i - 1 for i in c_out],
-        "slots_reversed": c_out[::-1],
-        "embedding_in_slot0": [-1, *c_out[1:]],
-        "last_three": [num_layers - 3, num_layers - 2, num_layers - 1],
-    }
+    """The miswiring catalogue (:func:`hs_tracer_testbed.miswire.fed_sources`, its names) as the C_out
+    ids the offline measurement feeds; wirings it cannot express as block outputs are left out."""
+    from hs_tracer.sources import Source
+    from hs_tracer_testbed.miswire import fed_sources
+
+    out = {}
+    for name, sources in fed_sources(layer_plan(num_layers)["aux_sources"]).items():
+        depths = [Source.parse(s).depth for s in sources]
+        if all(isinstance(d, int) for d in depths):
+            out[name] = [int(d) for d in depths]
+    return out
 
 
 def measure(target: Any, draft: Any, recipe: Recipe, progress: bool = True) -> dict[str, Any]:

@@ -377,7 +377,7 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
     monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
     st = state.install(TracerConfig())
     probe = FingerprintProbe(k, h, "cpu")
-    st.steps = StepPath(probe, probe, 1 << 30, Ranks(), lambda _rec: None)
+    st.steps = StepPath(probe, probe, 1 << 30, Ranks(), 64)  # nothing is recorded here
     cases = [([0, 0], [3, 5], 8),  # no cached prefix: SGLang trims to the real rows itself
              ([9, 9], [2, 2], padded),  # cached prefixes: SGLang keeps the padding rows
              ([], [], 0)]  # an idle rank: no rows

@@ -24,9 +24,9 @@ from hs_tracer import sources as S
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.draft.model import Eagle3Draft
 from hs_tracer.replay import data as D
+from hs_tracer.replay.rule import MIN_TOKENS, Level, training_level
 from hs_tracer.replay.runner import EMBEDDING, Agreement, Wiring, agreement, describe, unigram_baseline
 
-RECOVERY_FRACTION = 0.9  # a wiring "recovers" at >= 90% of the training agreement
 EMBED_TOLERANCE = 1e-2  # relative error under which a slot is the token embedding (bf16 storage)
 MAX_PERMUTED_SLOTS = 4  # K! candidates; above this only shifts and source-based rewirings
 
@@ -62,20 +62,22 @@ class ReplayResult:
     fix: dict[str, Any] = field(default_factory=dict)
     acceptance: dict[str, Any] | None = None
     findings: list[Any] = field(default_factory=list)  # e.g. non_finite_features (rows left out)
+    rule: Level | None = None  # training level for this capture's size (hs_tracer.replay.rule)
 
     @property
     def level(self) -> float | None:
-        """Training-level agreement: the bar a healthy wiring must reach."""
-        return RECOVERY_FRACTION * self.training.rate if self.training is not None else None
+        """Training-level agreement: the calibrated bar a healthy wiring reaches on this capture."""
+        return self.rule.value if self.rule is not None else None
 
     @property
     def best(self) -> Candidate:
         return max(self.candidates, key=lambda c: c.result.rate if c.result else -1.0)
 
     def recovered_by(self) -> Candidate | None:
-        """The first candidate (in ranking order) that reaches training level, if any."""
+        """When the served wiring is below training level: the best rewiring that reaches it, if any."""
         level = self.level
-        if level is None:
+        served = self.as_served.result.rate if self.as_served.result else 0.0
+        if level is None or served >= level:
             return None
         ranked = sorted(self.candidates, key=lambda c: -(c.result.rate if c.result else -1.0))
         return next((c for c in ranked if c.result and c.result.rate >= level), None)
@@ -110,8 +112,7 @@ class ReplayResult:
         data parallelism)."""
         if self.status != "miswired" or self.mismatched or S.UNKNOWN in self.slot_sources:
             return None
-        rec = self.recovered_by()
-        if rec is not None and rec.name != "as served":
+        if self.recovered_by() is not None:
             return None
         return Finding(
             Code.FEATURES_FROM_OTHER_REQUESTS, Severity.CRITICAL,
@@ -122,6 +123,9 @@ class ReplayResult:
             "check how the target's aux hidden states are gathered and ordered before the draft: with "
             "attention data parallelism they must be gathered over the same group and in the same request "
             "order as the draft's input ids")
+
+    def _at_level(self, c: Candidate) -> bool | None:
+        return None if self.rule is None or c.result is None else self.rule.reached(c.result.rate)
 
     @property
     def exit_code(self) -> int:
@@ -141,11 +145,12 @@ class ReplayResult:
                 "path": str(self.training_path), "tokens": self.training.total,
                 "agreement": _r(self.training)},
             "training_level": None if self.level is None else round(self.level, 4),
+            "training_level_rule": None if self.rule is None else self.rule.to_json(),
             "trained_sources": self.trained_sources,
             "trained_sources_from": self.trained_from,
             "baselines": {"most_frequent_token": round(self.baseline, 4),
                           "tokens_only": _r(self.tokens_only)},
-            "alternatives": [c.to_json(self.slot_sources) for c in
+            "alternatives": [{**c.to_json(self.slot_sources), "at_training_level": self._at_level(c)} for c in
                              sorted(self.candidates, key=lambda c: -(c.result.rate if c.result else -1))],
             "recovered_by": None if rec is None else rec.to_json(self.slot_sources),
             "fix": self.fix,
@@ -296,11 +301,9 @@ def fix_for(result: ReplayResult, manifest: Any) -> dict[str, Any]:
         parts.append(f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids} in the draft's config.json "
                      f"(served with {configured}); SGLang then feeds {', '.join(trained)}")
     by_source = next((c for c in result.candidates if c.sources == trained), None)
-    rec = result.recovered_by()
     if by_source is not None and by_source.result is not None:
         verified = (f"the captured features rewired by source give {by_source.result.rate:.3f}"
-                    + (" (training level)" if rec is not None and by_source.result.rate >= (result.level or 1)
-                       else ""))
+                    + (" (training level)" if result._at_level(by_source) else ""))
     elif missing:
         verified = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in the capture, so the "
                     "fixed wiring cannot be replayed from it")
@@ -311,7 +314,7 @@ def fix_for(result: ReplayResult, manifest: Any) -> dict[str, Any]:
     best = result.best
     rewiring = None
     if best.wiring != result.as_served.wiring and best.result is not None:
-        rewiring = {**best.to_json(fed), "reaches_training_level": rec is not None and rec is best}
+        rewiring = {**best.to_json(fed), "reaches_training_level": bool(result._at_level(best))}
     return {
         "sources": trained,
         "fed_sources": fed,
@@ -387,6 +390,7 @@ def _replay(capture: Path, draft_dir: Path, target_dir: Path | None, training: P
         train_seqs, train_nonfinite, _ = D.finite_only(D.load_training(training, k, h, max_tokens))
         nonfinite += train_nonfinite
         result.training, result.training_path = agreement(draft, train_seqs, ident), training
+        result.rule = training_level(result.training.by_sequence, result.as_served.result.total)
     # Rows with NaN/Inf were left out of every agreement above; say so instead of averaging them in.
     from hs_tracer.diagnosis.matcher import nonfinite_finding
 
@@ -412,14 +416,22 @@ def human(result: ReplayResult) -> str:
                      "request-steps")
     lines.append("next-token top-1 agreement of the draft:")
     if d["training"]:
+        rule = d["training_level_rule"]
         lines.append(f"  on its training data          {d['training']['agreement']:.3f}  "
-                     f"({d['training']['tokens']} tokens; training level >= {d['training_level']:.3f})")
+                     f"({d['training']['tokens']} tokens)")
+        lines.append(f"  training level for {rule['tokens']} live tokens >= {rule['value']:.3f}  "
+                     f"(calibrated rule: {rule['allowance']:.0%} allowance, {rule['z']:g} x spread "
+                     f"{rule['spread']:.3f}; docs/replay.md)")
+        if rule["too_few_tokens"]:
+            lines.append(f"  note: fewer than {MIN_TOKENS} scored tokens: agreement scatters too much here "
+                         "for a firm verdict; capture more prefill steps")
     lines.append(f"  on the live features, served  {cap['agreement']:.3f}")
     lines.append(f"  tokens only (features zeroed) {d['baselines']['tokens_only']:.3f}; most frequent token "
                  f"{d['baselines']['most_frequent_token']:.3f}")
     lines.append("rewirings of the live features:")
     for c in d["alternatives"][:6]:
-        lines.append(f"  {c['agreement']:.3f}  {c['name']:<12} {', '.join(c['wiring'])}")
+        mark = "  (training level)" if c["at_training_level"] else ""
+        lines.append(f"  {c['agreement']:.3f}  {c['name']:<14} {', '.join(c['wiring'])}{mark}")
     rec = d["recovered_by"]
     lines.append(f"status: {d['status']}")
     if rec and rec["name"] != "as served":

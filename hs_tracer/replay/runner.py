@@ -40,6 +40,7 @@ def describe(wiring: Wiring, slot_sources: list[str] | None = None) -> list[str]
 class Agreement:
     correct: int
     total: int
+    by_sequence: tuple[tuple[int, int], ...] = ()  # (correct, total) per scored sequence, in order
 
     @property
     def rate(self) -> float:
@@ -70,6 +71,7 @@ def agreement(draft: Eagle3Draft, seqs: Iterable[Sequence], wiring: Wiring, *,
               zero: bool = False) -> Agreement:
     """Top-1 agreement of the draft's next-token prediction with the recorded next tokens."""
     correct = total = 0
+    by_sequence = []
     for seq in seqs:
         ids = seq.ids
         shifted = torch.cat([ids[1:], torch.tensor([seq.tail])]) if seq.tail is not None else ids[1:]
@@ -81,9 +83,11 @@ def agreement(draft: Eagle3Draft, seqs: Iterable[Sequence], wiring: Wiring, *,
         out = draft(feats, shifted, pos)
         pred = draft.to_target_ids(out.logits.argmax(-1))
         labels = shifted[1:]  # row i predicts the token at position i+2 = shifted[i+1]
-        correct += int((pred[: t - 1] == labels).sum())
+        hits = int((pred[: t - 1] == labels).sum())
+        correct += hits
         total += t - 1
-    return Agreement(correct, total)
+        by_sequence.append((hits, t - 1))
+    return Agreement(correct, total, tuple(by_sequence))
 
 
 def unigram_baseline(seqs: Iterable[Sequence]) -> float:

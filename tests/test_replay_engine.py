@@ -21,7 +21,7 @@ import pytest
 from hs_tracer.cli import main as cli
 
 SCENARIO = "ids_shifted"
-NUM_PROMPTS = 40
+NUM_PROMPTS = 160  # ~2,000 scored tokens: replay's calibrated level needs that many for a firm verdict
 NEW_TOKENS = 12
 
 SCRIPT = """

@@ -138,6 +138,11 @@ def test_cli_json_and_exit_codes(tmp_path, records, plan, testbed, capsys) -> No
     assert cli(["replay", str(cap), *args, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "miswired" and out["recovered_by"]["sources"] == srcs
+    assert cli(["replay", str(cap), *args]) == 1
+    text = capsys.readouterr().out
+    level = out["training_level_rule"]
+    assert f"training level for {level['tokens']} live tokens >= {level['value']:.3f}" in text
+    assert "status: miswired" in text and "training level recovered by: by source" in text
     assert cli(["replay", str(tmp_path), *args]) == 2  # not a capture
     assert "HS_TRACER_CAPTURE_DIR" in capsys.readouterr().err
     assert cli(["replay", str(cap), "--draft", str(tmp_path)]) == 2  # no draft there

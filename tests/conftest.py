@@ -1,6 +1,8 @@
-"""Shared pytest setup. Engine tests (``-m engine``) start real SGLang processes on the CPU."""
+"""Shared pytest setup. Engine tests (``-m engine``) start real SGLang processes on the CPU, all through
+the harness in tests/engine_runs.py (fixture ``engines``)."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,32 @@ pytest_plugins = ["tests.infra.fixtures"]
 _TESTBED_ROOT = str(Path(__file__).resolve().parents[1] / "testbed")
 _inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _TESTBED_ROOT]
 os.environ["PYTHONPATH"] = os.pathsep.join([_TESTBED_ROOT, *_inherited])
+
+# Every real engine start of the session, by any program the tests run, appends a line here.
+_START_LOG = "TESTBED_ENGINE_START_LOG"
+_OWN_LOG = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _START_LOG not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="hs-tracer-engine-starts-", suffix=".log")
+        os.close(fd)
+        os.environ[_START_LOG] = path
+        config.stash[_OWN_LOG] = Path(path)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if (own := config.stash.get(_OWN_LOG, None)) is not None:
+        own.unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    from tests.engine_runs import count_starts
+
+    counts = count_starts(Path(os.environ[_START_LOG]))
+    if counts:
+        per_file = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+        terminalreporter.write_line(f"real SGLang engine starts: {sum(counts.values())} ({per_file})")
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +56,13 @@ def testbed_profile(testbed) -> Path:
     from hs_tracer_testbed.demo import testbed_profile as build
 
     return build(testbed)
+
+
+@pytest.fixture(scope="session")
+def engines(testbed, testbed_profile, tmp_path_factory):
+    """The suite's real engines (tests/engine_runs.py ENGINES), each started once, on first use."""
+    from tests.engine_runs import Engines
+
+    harness = Engines(testbed, testbed_profile, tmp_path_factory.mktemp("engines"))
+    yield harness
+    harness.close()

@@ -5,67 +5,53 @@ commits, whatever the draft proposes: a wrong tree mask, a wrong cache location,
 index or bonus token shows up as a different token sequence. The real ``sgl.Engine`` runs with
 the testbed runtime (pure-torch sgl-kernel ops, ``intel_amx`` attention backend) and the testbed's
 trained target and EAGLE-3 draft, for plain decoding, chain drafts (topk 1, 1 and 3 steps) and a
-tree draft (topk 2, 3 steps, 6 draft tokens), on 24 prompts batched into one ``generate`` call
-per engine, in one fresh process. The trained draft is accepted often, so full-depth accepts
-(every draft token of a step) happen and are checked too, not only rejections.
+tree draft (topk 2, 3 steps, 6 draft tokens), on 24 prompts batched into one ``generate`` call, each
+engine's first workload (an empty radix cache). The engines are the suite's shared ones
+(tests/engine_runs.py): the 3-step chain is the untraced engine, the 1-step chain and the tree are
+fault-injection engines (tracing switched itself off at its fault). The trained draft is accepted
+often, so full-depth accepts (every draft token of a step) happen and are checked too, not only
+rejections.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from hs_tracer_testbed.corpus import prompts
+from tests.engine_runs import ENGINES
 
-CONFIGS = {"plain": "plain", "chain1": "chain1:1:1", "chain3": "chain3:3:1", "tree3": "tree3:3:2:6"}
+SHAPES = {"chain1": "fault:startup", "chain3": "untraced", "tree3": "fault:per-step before"}
 MAX_NEW_TOKENS = 24
 NUM_PROMPTS = 24
 
 
-@pytest.fixture(scope="module")
-def models() -> tuple[Path, Path]:
-    from hs_tracer_testbed import ensure_testbed
-
-    testbed = ensure_testbed(progress=False)
-    return testbed.target, testbed.draft
-
-
-@pytest.fixture(scope="module")
-def runs(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    target, draft = models
-    work = tmp_path_factory.mktemp("lossless-runs")
-    (work / "prompts.json").write_text(json.dumps(prompts(seed=4242, n=NUM_PROMPTS)))
-    cmd = [sys.executable, "-m", "hs_tracer_testbed.runtime.runs", "--target", str(target),
-           "--draft", str(draft), "--prompts", str(work / "prompts.json"),
-           "--max-new-tokens", str(MAX_NEW_TOKENS), "--out", str(work / "result.json")]  # fmt: skip
-    for spec in CONFIGS.values():
-        cmd += ["--config", spec]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return {r["config"]["name"]: r for r in json.loads((work / "result.json").read_text())}
+def test_shapes_are_the_named_ones() -> None:
+    got = {name: (ENGINES[e].spec_steps, ENGINES[e].topk, ENGINES[e].num_draft_tokens)
+           for name, e in SHAPES.items()}
+    assert got == {"chain1": (1, 1, None), "chain3": (3, 1, None), "tree3": (3, 2, 6)}
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("name", ["chain1", "chain3", "tree3"])
-def test_greedy_eagle3_commits_exactly_the_plain_tokens(runs: dict[str, dict], name: str) -> None:
-    plain, spec = runs["plain"], runs[name]
-    assert len(plain["output_ids"]) == NUM_PROMPTS
-    assert all(len(ids) == MAX_NEW_TOKENS for ids in plain["output_ids"])
-    for i, (want, got) in enumerate(zip(plain["output_ids"], spec["output_ids"], strict=True)):
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_greedy_eagle3_commits_exactly_the_plain_tokens(engines, name: str) -> None:
+    plain, spec = engines["plain"], engines[SHAPES[name]]
+    want_all, got_all = plain.output_ids("lossless"), spec.output_ids("lossless")
+    assert len(want_all) == NUM_PROMPTS
+    assert all(len(ids) == MAX_NEW_TOKENS for ids in want_all)
+    for i, (want, got) in enumerate(zip(want_all, got_all, strict=True)):
         assert got == want, f"prompt {i}: {name} diverges from plain decoding at token " + str(
             next(j for j, (a, b) in enumerate(zip(want, got, strict=False)) if a != b)
         )
     # speculation really ran: every request was verified, and some steps accepted every draft
     # token of the deepest path (histogram index = accepted drafts in one verify step)
-    steps = spec["config"]["spec_steps"]
-    assert all(v > 0 for v in spec["verify_steps"])
-    histogram = spec["correct_drafts_histogram"]
-    assert len(histogram) == steps + 1 and histogram[steps] > 0, histogram
-    assert sum(histogram) == sum(spec["verify_steps"])
-    assert 1.0 < spec["mean_accept_length"] <= steps + 1
+    steps = spec.spec.spec_steps
+    meta = spec.meta("lossless")
+    verify = [m["spec_verify_ct"] for m in meta]
+    assert all(v > 0 for v in verify)
+    histogram = [0] * (steps + 1)
+    for m in meta:
+        for n, count in enumerate(m["spec_correct_drafts_histogram"]):
+            histogram[n] += count
+    assert histogram[steps] > 0, histogram
+    assert sum(histogram) == sum(verify)
+    mean_accept_length = 1 + sum(m["spec_num_correct_drafts"] for m in meta) / sum(verify)
+    assert 1.0 < mean_accept_length <= steps + 1

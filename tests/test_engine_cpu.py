@@ -6,9 +6,10 @@
   dispatch picks MLA on the ``intel_amx``/``torch_native`` backends, SGLang keeps ``intel_amx``
   (platform fact ``has_amx``), yet ``cpu_has_amx_support()`` stays False so ordinary layers run
   ``forward_native``; unported sgl-kernel names fail loudly, naming the op.
-* A real ``sgl.Engine`` (plain decoding, the testbed's trained DeepSeek-V3 target) produces the
-  same greedy tokens as the target run by Hugging Face transformers: the pure-torch attention ops
-  (MLA prefill via extend, decode) compute what SGLang's C++ kernels would.
+* A real ``sgl.Engine`` (plain decoding, the testbed's trained DeepSeek-V3 target: the suite's shared
+  ``plain`` engine) produces the same greedy tokens as the target run by Hugging Face transformers:
+  the pure-torch attention ops (MLA prefill via extend, decode) compute what SGLang's C++ kernels
+  would.
 
 Each check runs in a fresh interpreter: the runtime must be prepared before SGLang is imported,
 and other tests in the pytest process import SGLang's GPU-path modules.
@@ -21,11 +22,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-
-from hs_tracer_testbed.corpus import prompts
 
 
 def _run_python(script: str, *args: str, timeout: int = 600) -> dict:
@@ -108,21 +106,11 @@ def test_runtime_patches_act_on_real_sglang_and_keep_layers_native() -> None:
 
 
 @pytest.mark.engine
-def test_plain_engine_matches_transformers_greedy(tmp_path: Path) -> None:
-    from hs_tracer_testbed import ensure_testbed
+def test_plain_engine_matches_transformers_greedy(engines, testbed) -> None:
     from hs_tracer_testbed.accept import greedy_tokens
-    from hs_tracer_testbed.target import encode, load_target
+    from hs_tracer_testbed.target import load_target
 
-    target = ensure_testbed(progress=False).target
-    ids = encode(prompts(seed=99, n=6), add_eos=False)
-    (tmp_path / "prompts.json").write_text(json.dumps(ids))
-    new_tokens = 12
-    cmd = [sys.executable, "-m", "hs_tracer_testbed.runtime.runs", "--target", str(target),
-           "--prompts", str(tmp_path / "prompts.json"), "--config", "plain",
-           "--max-new-tokens", str(new_tokens), "--out", str(tmp_path / "engine.json")]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    (engine,) = json.loads((tmp_path / "engine.json").read_text())
-    hf_target = load_target(target)
-    assert engine["output_ids"] == [greedy_tokens(hf_target, p, new_tokens) for p in ids]
+    run = engines["plain"]  # the suite's shared plain engine (tests/engine_runs.py)
+    ids = run.workloads["transformers"]["prompts"]
+    hf_target = load_target(testbed.target)
+    assert run.output_ids("transformers") == [greedy_tokens(hf_target, p, 12) for p in ids]

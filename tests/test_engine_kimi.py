@@ -2,7 +2,8 @@
 
 The target is ``KimiK25ForConditionalGeneration`` (DeepSeek-V3 text model behind the multimodal
 wrapper) and the draft ``Eagle3DeepseekV2ForCausalLM`` (Kimi's MLA EAGLE-3 draft, whose fc is a
-``ColumnParallelLinear``). The demo runs the real CPU engine twice: the draft as configured (ok,
+``ColumnParallelLinear``). The demo command itself, run through the engine harness's
+``run_tool``, runs the real CPU engine twice: the draft as configured (ok,
 every slot on its trained source) and a copy with its layer ids shifted (miswired, slot 0 fed the
 embedding).
 """
@@ -10,28 +11,21 @@ embedding).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.engine_runs import run_tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
 def demo(testbed, testbed_profile) -> list[dict[str, Any]]:
-    cmd = [sys.executable, "-m", "hs_tracer.cli", "demo", "--target", str(testbed.kimi_target),
-           "--draft", str(testbed.kimi_draft), "--profile", str(testbed_profile),
-           "--scenario", "ids_shifted", "--prompts", "8", "--max-new-tokens", "24", "--json"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER_")}
-    if "HS_TRACER_TESTBED_DIR" in os.environ:
-        env["HS_TRACER_TESTBED_DIR"] = os.environ["HS_TRACER_TESTBED_DIR"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1700, env=env,
-                          cwd=Path(__file__).resolve().parents[1])
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    proc = run_tool(["-m", "hs_tracer.cli", "demo", "--target", str(testbed.kimi_target),
+                     "--draft", str(testbed.kimi_draft), "--profile", str(testbed_profile),
+                     "--scenario", "ids_shifted", "--prompts", "8", "--max-new-tokens", "24", "--json"])
     return json.loads(proc.stdout)
 
 

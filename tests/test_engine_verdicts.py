@@ -1,6 +1,6 @@
 """Verdicts on the real CPU engine (SGLang 0.5.23 + EAGLE-3, the trained testbed, the profile with
-its expected acceptance): the severity follows what is served, and the report leads with one root
-cause.
+its expected acceptance; the suite's shared engines of tests/engine_runs.py, read after the
+diagnosis workload): the severity follows what is served, and the report leads with one root cause.
 
 * a vocabulary map regenerated after training (features right, tokens wrong) -> critical
   ``acceptance_drop`` with the vocabulary map named as the cause;
@@ -15,31 +15,19 @@ from typing import Any
 
 import pytest
 
-from hs_tracer_testbed.corpus import prompts as corpus_prompts
-from hs_tracer_testbed.miswire import regenerated_d2t, write_variant, write_vocab_variant
-from tests.engine_runs import run_scenarios
-
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 
-@pytest.fixture(scope="module")
-def runs(testbed, testbed_profile, tmp_path_factory) -> dict[str, dict[str, Any]]:
-    drafts = tmp_path_factory.mktemp("drafts")
-    variants = {
-        "d2t_regenerated": write_vocab_variant(testbed.draft, drafts / "d2t", regenerated_d2t(testbed)),
-        "ids_top_level": write_variant(testbed.draft, drafts / "top", "ids_top_level"),
-        "ids_shifted": write_variant(testbed.draft, drafts / "shifted", "ids_shifted"),
-    }
-    scenarios = [{"name": n, "draft": str(d), "profile": str(testbed_profile)} for n, d in variants.items()]
-    return run_scenarios(testbed.target, scenarios, corpus_prompts(seed=1234, n=8), max_new_tokens=24)
+def _diagnosis(engines, name: str) -> dict[str, Any]:
+    return engines[name].diagnosis_after("diagnosis")
 
 
 def _critical(d: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in d["root_causes"] if r["severity"] == "critical"]
 
 
-def test_broken_vocabulary_map_is_critical_with_the_vocabulary_as_cause(runs) -> None:
-    d = runs["d2t_regenerated"]["diagnosis"]
+def test_broken_vocabulary_map_is_critical_with_the_vocabulary_as_cause(engines) -> None:
+    d = _diagnosis(engines, "d2t_regenerated")
     # the engine captures the trained layers (its own layers_to_capture); a slot's window statistics may
     # still sit nearer a neighbour (rows of rejected draft tokens): that stays a warning, not the cause
     assert d["wiring"]["sources"] == [s["expected_source"] for s in d["slots"]] and d["slots"]
@@ -51,10 +39,10 @@ def test_broken_vocabulary_map_is_critical_with_the_vocabulary_as_cause(runs) ->
     assert "vocabulary map (d2t)" in roots[0]["summary"]
 
 
-def test_top_level_ids_served_right_exit_0_with_a_warning(runs) -> None:
+def test_top_level_ids_served_right_exit_0_with_a_warning(engines) -> None:
     from hs_tracer.diagnosis.findings import Report
 
-    d = runs["ids_top_level"]["diagnosis"]
+    d = _diagnosis(engines, "ids_top_level")
     assert d["status"] == "warning", d["findings"]
     assert not _critical(d)
     ignored = [f for f in d["findings"] if f["code"] == "layer_ids_ignored"]
@@ -62,8 +50,8 @@ def test_top_level_ids_served_right_exit_0_with_a_warning(runs) -> None:
     assert Report.from_json(d).exit_code == 0
 
 
-def test_one_wrong_id_list_gives_one_root_cause_with_its_fix(runs) -> None:
-    d = runs["ids_shifted"]["diagnosis"]
+def test_one_wrong_id_list_gives_one_root_cause_with_its_fix(engines) -> None:
+    d = _diagnosis(engines, "ids_shifted")
     roots = _critical(d)
     assert len(roots) == 1 and roots[0]["cause"] == "layer_ids", roots
     assert roots[0]["fix"] == "set eagle_config.eagle_aux_hidden_state_layer_ids to [1, 3, 4]"

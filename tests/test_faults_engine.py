@@ -1,5 +1,6 @@
 """Faults while serving, on the real CPU engine with tracing on (the short version of
-``benchmarks/soak.py faults``; the full results are in docs/reliability.md).
+``benchmarks/soak.py faults``, run through the engine harness's ``run_tool``; the full results are in
+docs/reliability.md).
 
 One traced EAGLE-3 engine serves request batches while the OTLP collector is slow and then down,
 stalled scrapers hang on hs_tracer's /metrics, the capture directory's disk (a small tmpfs in a
@@ -11,25 +12,18 @@ the report comes back.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+from tests.engine_runs import run_tool
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
 def result(testbed, testbed_profile) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
-    proc = subprocess.run([sys.executable, "benchmarks/soak.py", "faults", "--requests", "8",
-                           "--concurrency", "4", "--max-new-tokens", "12", "--tmpfs-kib", "128"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_tool(["benchmarks/soak.py", "faults", "--requests", "8", "--concurrency", "4",
+                     "--max-new-tokens", "12", "--tmpfs-kib", "128"])
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SOAK-RESULT "))
     return json.loads(line[len("SOAK-RESULT "):])
 

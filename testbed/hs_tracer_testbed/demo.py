@@ -70,7 +70,7 @@ def read_reports(report_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(report_dir.glob("scheduler-*.json"))]
 
 
-def _settled_reports(report_dir: Path) -> list[dict[str, Any]]:
+def settled_reports(report_dir: Path) -> list[dict[str, Any]]:
     """Wait until the recorder has caught up (the report stops changing), then read it."""
     last, stable_since = None, time.monotonic()
     deadline = time.monotonic() + 30
@@ -102,7 +102,7 @@ def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], 
             env = {k: v for k, v in (extra_env or {}).items() if not k.startswith("HS_TRACER")}
         with engine(target, draft, env=env) as eng:
             outs = eng.generate(prompts, {"temperature": 0.0, "max_new_tokens": max_new_tokens})
-            reports = _settled_reports(report_dir) if traced else []
+            reports = settled_reports(report_dir) if traced else []
             time.sleep(linger_s)
         return Run(name, target, draft, prompts, [o["text"] for o in outs],
                    [list(o["output_ids"]) for o in outs], reports)

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 RUNTIME_FLAG = "HS_TRACER_TESTBED_RUNTIME"
+# When set, a file that every engine start appends one line to (the pytest test running, if any): how
+# the test suite counts its engine starts, whichever program makes them.
+START_LOG_ENV = "TESTBED_ENGINE_START_LOG"
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
 # Where hs_tracer_testbed itself is importable from: the ``sitecustomize`` imports it at interpreter
 # start in every engine process, before anything could extend ``sys.path``.
@@ -144,6 +147,9 @@ def start_engine(
     prepare_process(env)
     import sglang as sgl
 
+    if log := os.environ.get(START_LOG_ENV):
+        with open(log, "a") as f:
+            f.write(os.environ.get("PYTEST_CURRENT_TEST", "") + "\n")
     return sgl.Engine(
         **engine_kwargs(
             target, draft, spec_steps=spec_steps, topk=topk, num_draft_tokens=num_draft_tokens, **overrides

@@ -95,10 +95,11 @@ def main() -> None:
     cal = np.asarray(pools["calibration"]["correct"])
     cal_rate = cal[:, 0].sum() / cal[:, 1].sum()
     allowance = max(0.0, math.ceil(100 * (1 - cal_rate / p_train)) / 100)
-    worst = 0.0
-    for s in (s for s in SIZES if s >= rule.MIN_TOKENS):
+    deficit = {}
+    for s in SIZES:
         rates = rule.window_rates(pools["calibration"]["correct"], s, args.windows, seed=s)
-        worst = max(worst, float(((p_train * (1 - allowance) - rates) / spreads[s]).max()))
+        deficit[s] = float(((p_train * (1 - allowance) - rates) / spreads[s]).max())
+    worst = max(v for s, v in deficit.items() if s >= rule.MIN_TOKENS)
     z = max(3.0, math.ceil(4 * worst) / 4)
 
     table: dict[str, dict[str, dict[str, object]]] = {}
@@ -133,7 +134,8 @@ def main() -> None:
                           for s in SIZES},
         "calibration": {"pool_agreement": round(float(cal_rate), 4), "min_tokens": rule.MIN_TOKENS,
                         "allowance": allowance,
-                        "largest_deficit_in_spreads": round(worst, 3), "z": z},
+                        "largest_deficit_in_spreads": round(worst, 3), "z": z,
+                        "largest_deficit_by_size": {str(s): round(v, 3) for s, v in deficit.items()}},
         "rates": table,
     }
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -124,7 +124,7 @@ def main_sglang_events(steps: int, rounds: int) -> None:
     os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     from sglang.srt.observability import trace as sgl_trace
 
-    from hs_tracer.export.otel import attach_step_events
+    from hs_tracer.export.otel import attach_events, step_events
 
     sgl_trace.process_tracing_init("http://127.0.0.1:9/v1/traces", "bench")  # never flushed here
     sgl_trace.trace_set_thread_info("scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
@@ -139,7 +139,7 @@ def main_sglang_events(steps: int, rounds: int) -> None:
     recs = fixed_batch(records(steps))
 
     def step(r: StepRecord) -> None:
-        attach_step_events(r, contexts)
+        attach_events(step_events(r, contexts))
         for ctx in contexts:  # SGLang's per-step decode_loop slice takes the buffered events away
             ctx.events_cache.clear()
 

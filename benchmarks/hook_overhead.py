@@ -1,55 +1,117 @@
-"""Host-side cost of hs_tracer's per-step hooks in SGLang's scheduler thread.
+"""What hs_tracer costs SGLang's scheduler thread per decode step: the per-step hooks through SGLang's
+own HookRegistry wrappers, plus the recorder thread and its exporters sharing the GIL.
 
-What is measured: the two hooks that run every decode step (before ``_draft_extend_for_decode``,
-after ``_resolve_spec_v2_tokens``), wrapped by SGLang 0.5.23's own ``HookRegistry`` wrapper
-functions exactly as the plugin registers them, against the same unwrapped call, side by side in
-one run (interleaved rounds). The fingerprint probe is replaced by a stand-in that only counts, so
-the figure is hs_tracer's Python on the scheduler thread (step bookkeeping, draining, building the
-StepRecord, the bounded queue) and excludes the GPU work; the kernel's launch and device time are
-in benchmarks/results/fingerprint_gpu.* and step_overhead_gpu.*. Batch: 32 requests, 4 draft tokens.
+    PYTHONPATH=. python benchmarks/hook_overhead.py [--device cuda|cpu] [--out DIR] [--tag TAG]
 
-Run from the repository root:  .venv/bin/python benchmarks/hook_overhead.py [--steps N]
-Target: median <= 25 us per step.
+The two hooks that run every decode step (before ``EagleDraftWorker._draft_extend_for_decode``,
+after ``_resolve_spec_v2_tokens``) are wrapped by SGLang 0.5.23's ``hook_registry._wrap_fn``,
+exactly as the plugin registers them, and compared with the same unwrapped calls in one run. N is
+the number of draft-input rows (batch x 4 draft tokens; batch = max(1, N/4) real SGLang ``Req``
+objects); the draft input is a static ``[N, 3*7168]`` bf16 buffer, as SGLang's target CUDA graph
+hands it over.
+
+Headline, "loop": a scheduler loop. One step = GPU work (``torch.cuda._sleep``; on CPU a
+``time.sleep``, both release the GIL as SGLang's waits do) + the scheduler's own Python (a busy
+loop of ``--python-us``) + the two hooks + waiting for the step's GPU work. Off: plain calls, no
+tracer thread. On: traced calls with the real ``Recorder`` thread started by the tracer at its
+production cadence, with the Prometheus exporter (its HTTP server up), OpenTelemetry step spans at
+the default 1% sample shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis
+windows closing at the default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a
+stand-in probe that counts and hands the recorder a window of DeepSeek-V3 width every time one
+closes) and the online diagnosis when ``--profile`` is given. The loop is scheduler-bound (GPU work
+shorter than the Python), so whatever the tracer takes from the scheduler thread, the recorder's
+GIL time included, lengthens the step. Off and on blocks alternate; the figure is the median over
+block pairs of (on - off) wall time per step. ``--switch-interval`` sets ``sys.setswitchinterval``
+for the whole run (Python's default is 5 ms).
+
+"hooks": the hooks alone, per-step median of ``perf_counter_ns`` around the pair of calls, plain
+and traced rounds interleaved, the recorder's work (taking the pending steps) outside the timing.
+On CUDA the real ``FingerprintProbe`` runs (graph-replayed launch, digest ring); on CPU the
+stand-in probe. The GPU is paced (a sync every 8 steps, outside the timing).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
+from array import array
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
+from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+from sglang.srt.sampling.sampling_params import SamplingParams
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats
 from hs_tracer.integrations.sglang import hooks, state
 from hs_tracer.integrations.sglang.steps import StepPath
 from hs_tracer.records import Ranks, WiringRecord
 
-BATCH, DRAFT_TOKENS, HIDDEN, SLOTS = 32, 4, 7168, 3
-RESULTS = Path(__file__).resolve().parent / "results" / "hook_overhead.json"
+HIDDEN, SLOTS, DRAFT_TOKENS = 7168, 3, 4
+NS = (1, 16, 64, 256, 1024, 4096)
+
+COLLECTOR = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
 
 
-class CountingProbe:
-    """Stands in for FingerprintProbe: no tensor work, same calls."""
+class StandInProbe:
+    """CPU stand-in for FingerprintProbe: no tensor work, same calls; a closed window yields
+    DeepSeek-V3-width channel stats (what the recorder folds and diagnoses)."""
+
+    ring_size = 1024
+    num_slots, hidden = SLOTS, HIDDEN
 
     def __init__(self) -> None:
-        self.pending: list[int] = []
+        self.pending: list[tuple[int, int, np.ndarray]] = []
+        self.windows = 0
+        self._raw = np.zeros((SLOTS, DIGEST_WIDTH))
+        self._raw[:, 0] = 1.0
+        rng = np.random.default_rng(0)
+        self._window = ChannelStats(count=np.full((SLOTS, HIDDEN), 64, dtype=np.int64),
+                                    sum=rng.standard_normal((SLOTS, HIDDEN)),
+                                    sumsq=64 + rng.random((SLOTS, HIDDEN)))
 
-    def observe(self, _x: object, step_id: int) -> bool:
-        self.pending.append(step_id)
+    def observe(self, x: torch.Tensor, step_id: int) -> bool:
+        self.pending.append((step_id, int(x.shape[0]), self._raw))
         return True
 
     def end_window(self) -> None:
-        pass
+        self.windows += 1
 
-    def drain(self) -> list:
-        self.pending.clear()
-        return []
+    def read_window(self, block: bool = False) -> ChannelStats | None:
+        if not self.windows:
+            return None
+        self.windows = 0
+        return self._window
+
+    def drain_raw(self) -> list:
+        out, self.pending = self.pending, []
+        return out
+
+    def digest_of(self, tokens: int, raw: np.ndarray):
+        from hs_tracer.fingerprint.stats import StepDigest
+
+        return StepDigest.from_raw(tokens, raw)
 
 
 def draft_extend_for_decode(self: object, batch: object, batch_result: object, *, kv_loc_plan=None):
@@ -60,72 +122,246 @@ def resolve_spec_v2_tokens(self: object, result: object, batch: object):
     return None
 
 
-def make_state() -> state.TracerState:
-    st = state.install(TracerConfig(queue_size=1 << 20, window_tokens=1 << 30))
+TRACED_DECODE = _wrap_fn(draft_extend_for_decode, hooks.before_draft_extend_for_decode, HookType.BEFORE)
+TRACED_RESOLVE = _wrap_fn(resolve_spec_v2_tokens, hooks.after_resolve_spec_v2_tokens, HookType.AFTER)
+
+
+def make_state(device: torch.device, profile: Path | None) -> state.TracerState:
+    """Tracer state as ``finish_startup`` leaves it, minus the recorder (each "on" block starts one)."""
+    st = state.install(TracerConfig(metrics_port=0, profile=profile))
     st.wiring = WiringRecord(model="bench", target_arch="DeepseekV3ForCausalLM", num_layers=61,
                              hidden_size=HIDDEN, layers_to_capture=[2, 30, 58],
-                             sources=["block:1", "block:29", "block:57"])
+                             sources=["block:1", "block:29", "block:57"],
+                             spec_args={"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                                        "speculative_num_draft_tokens": DRAFT_TOKENS})
+    st.spec_args = dict(st.wiring.spec_args)
     st.ranks = Ranks()
-    st.steps = StepPath(CountingProbe(), None, 1 << 30, st.ranks, st._enqueue)  # type: ignore[arg-type]
+    if device.type == "cuda":
+        from hs_tracer.fingerprint.probe import FingerprintProbe
+
+        probe = FingerprintProbe(SLOTS, HIDDEN, device, ring_size=st.RING_SIZE, warmup_dtype=torch.bfloat16)
+    else:
+        probe = StandInProbe()
+    st.steps = StepPath(probe, probe, st.config.window_tokens, st.ranks, st.config.queue_size)  # type: ignore[arg-type]
     return st
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
-
-    st = make_state()
-    features = torch.empty(BATCH * DRAFT_TOKENS, SLOTS * HIDDEN, dtype=torch.bfloat16, device="meta")
-    batch = SimpleNamespace(reqs=[SimpleNamespace(rid=f"req-{i}", time_stats=SimpleNamespace(trace_ctx=None),
-                                                  is_retracted=False, finished=lambda: False)
-                                  for i in range(BATCH)])
+def step_inputs(n: int, device: torch.device) -> tuple[SimpleNamespace, SimpleNamespace]:
+    bs = max(1, n // DRAFT_TOKENS)
+    dev = device if device.type == "cuda" else torch.device("meta")
+    features = torch.zeros(n, SLOTS * HIDDEN, dtype=torch.bfloat16, device=dev)
+    if device.type == "cuda":
+        features.normal_()
+    params = SamplingParams(max_new_tokens=1 << 20)
+    reqs = [Req(f"req-{i}", "", array("i", [1, 2, 3]), params) for i in range(bs)]
+    batch = SimpleNamespace(reqs=reqs)
     result = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=features),
-                             accept_lens=torch.randint(1, DRAFT_TOKENS + 1, (BATCH,), dtype=torch.int32),
                              speculative_num_draft_tokens=DRAFT_TOKENS)
-    traced_decode = _wrap_fn(draft_extend_for_decode, hooks.before_draft_extend_for_decode, HookType.BEFORE)
-    traced_resolve = _wrap_fn(resolve_spec_v2_tokens, hooks.after_resolve_spec_v2_tokens, HookType.AFTER)
+    return batch, result
 
-    def plain_step() -> None:
+
+def fresh_accept(result: SimpleNamespace, bs: int) -> None:
+    """SGLang hands over a fresh CPU tensor of accept lengths every step."""
+    result.accept_lens = torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32)
+
+
+def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int, rounds: int) -> dict:
+    batch, result = step_inputs(n, device)
+    bs = len(batch.reqs)
+    cuda = device.type == "cuda"
+    accepts = [torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
+
+    def plain() -> None:
         draft_extend_for_decode(None, batch, result)
         resolve_spec_v2_tokens(None, result, batch)
 
-    def traced_step() -> None:
-        traced_decode(None, batch, result)
-        traced_resolve(None, result, batch)
-        while not st.queue.empty():  # the recorder thread's job; kept out of the timing below
-            st.queue.get_nowait()
+    def traced() -> None:
+        TRACED_DECODE(None, batch, result)
+        TRACED_RESOLVE(None, result, batch)
 
-    per_step: dict[str, list[float]] = {"plain": [], "traced": []}
-    for _ in range(args.rounds):
-        for name, fn in (("plain", plain_step), ("traced", traced_step)):
+    medians: dict[str, list[float]] = {"plain": [], "traced": []}
+    for r in range(rounds + 1):  # round 0 warms up (captures the launch graph)
+        for name, fn in (("plain", plain), ("traced", traced)):
             samples = []
-            for _ in range(args.steps):
+            for i in range(steps):
+                result.accept_lens = accepts[i % 64]
                 t0 = time.perf_counter_ns()
                 fn()
                 samples.append(time.perf_counter_ns() - t0)
-            per_step[name].append(statistics.median(samples) / 1000)
+                if i % 8 == 7:
+                    if cuda:
+                        torch.cuda.synchronize()
+                    st.steps.take_pending()
+            if r:
+                medians[name].append(statistics.median(samples) / 1000)
     assert st.enabled, st.disabled_reason
-    plain = statistics.median(per_step["plain"])
-    traced = statistics.median(per_step["traced"])
-    out = {
-        "benchmark": "hook_overhead",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, CPU only",
-        "python": platform.python_version(),
-        "method": __doc__.split("Run from")[0].strip(),
-        "batch": BATCH, "draft_tokens": DRAFT_TOKENS,
-        "median_us_per_step": {"unpatched": round(plain, 2), "with_hooks": round(traced, 2),
-                               "hs_tracer_host_cost": round(traced - plain, 2)},
-        "target_us": 25,
-        "note": "queue draining (the recorder thread's work) is inside the traced timing; it only "
-                "makes the figure pessimistic",
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out["median_us_per_step"], indent=2))
+    out = {"N": n, "batch": bs,
+           "unhooked_us": statistics.median(medians["plain"]),
+           "hooked_us": statistics.median(medians["traced"]),
+           "rounds_hooked_us": medians["traced"]}
+    out["hs_tracer_us"] = out["hooked_us"] - out["unhooked_us"]
+    probe = st.steps.decode.probe
+    if cuda:
+        launcher = probe.launcher
+        out.update(graph_replays=launcher.replays, direct_launches=launcher.direct, graphs=launcher.graphs)
+    return out
+
+
+def busy(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, blocks: int,
+               python_us: float, gpu_us: float) -> dict:
+    from hs_tracer.export.recorder import Recorder
+
+    batch, result = step_inputs(n, device)
+    bs = len(batch.reqs)
+    cuda = device.type == "cuda"
+    done = torch.cuda.Event() if cuda else None
+    cycles = int(gpu_us * 1.98e3)  # ~1.98 GHz SM clock under load
+    accepts = [torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
+
+    def run(count: int, traced: bool) -> float:
+        decode = TRACED_DECODE if traced else draft_extend_for_decode
+        resolve = TRACED_RESOLVE if traced else resolve_spec_v2_tokens
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(count):
+            if cuda:
+                torch.cuda._sleep(cycles)
+            busy(python_us)
+            decode(None, batch, result)
+            if cuda:
+                done.record()
+                done.synchronize()
+            else:
+                time.sleep(gpu_us * 1e-6)
+            result.accept_lens = accepts[i % 64]
+            resolve(None, result, batch)
+        return (time.perf_counter() - t0) / count * 1e6
+
+    run(20, True)
+    run(20, False)
+    st.steps.take_pending()
+    off, on, recorder_cpu = [], [], []
+    recorder = None
+    steps_seen = windows = 0
+    for _ in range(blocks):
+        off.append(run(steps, False))
+        recorder = Recorder(st)
+        st.recorder = recorder
+        recorder.start()
+        while recorder._prom is None and recorder.is_alive():  # set-up (exporter, server) is not per step
+            time.sleep(0.001)
+        time.sleep(0.1)
+        clock = time.pthread_getcpuclockid(recorder.ident)
+        c0 = time.clock_gettime(clock)
+        on.append(run(steps, True))
+        recorder_cpu.append((time.clock_gettime(clock) - c0) / steps * 1e6)
+        recorder.stop()
+        recorder.join(timeout=10)
+        steps_seen += recorder.acceptance.steps
+        windows += recorder.window_reports
+    assert st.enabled, st.disabled_reason
+    lost = [b - a for a, b in zip(off, on, strict=True)]
+    return {"N": n, "batch": bs, "steps_per_block": steps, "blocks": blocks,
+            "python_us": python_us, "gpu_us": gpu_us,
+            "step_us_off": statistics.median(off), "step_us_on": statistics.median(on),
+            "lost_us_per_step": statistics.median(lost), "lost_us_blocks": lost,
+            "recorder_cpu_us_per_step": statistics.median(recorder_cpu),
+            "recorded_request_steps": steps_seen, "windows": windows,
+            "spans": recorder._otel is not None if recorder else False,
+            "steps_dropped": st.dropped}
+
+
+def markdown(res: dict) -> str:
+    m = res["machine"]
+    lines = [f"# hs_tracer: scheduler-thread cost per decode step ({m['date_utc']})", "",
+             f"Machine: {m['host']}, {m['cpu']} ({m['cores']} cores), {m['gpu']}; Python {m['python']}, "
+             f"torch {m['torch']}; switch interval {res['switch_interval_s'] * 1e3:g} ms. "
+             f"Method: benchmarks/hook_overhead.py docstring (exporters: {res['exporters']}). "
+             "Target: <= 10 µs per step at every N.", "",
+             "Headline (loop): what the scheduler thread loses per step with the tracer on, hooks and "
+             "the recorder thread's GIL time included.", "",
+             "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | recorder CPU µs/step "
+             "| hooks alone µs (hooked - unhooked) | unhooked µs | meets 10 µs |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    hooks_by_n = {r["N"]: r for r in res["hooks"]}
+    for r in res["loop"]:
+        h = hooks_by_n.get(r["N"], {})
+        worst = max(r["lost_us_per_step"], h.get("hs_tracer_us", 0.0))
+        lines.append(f"| {r['N']} | {r['batch']} | {r['step_us_off']:.1f} | {r['step_us_on']:.1f} | "
+                     f"{r['lost_us_per_step']:.1f} | {r['recorder_cpu_us_per_step']:.1f} | "
+                     f"{h.get('hs_tracer_us', float('nan')):.1f} | "
+                     f"{h.get('unhooked_us', float('nan')):.2f} | {'yes' if worst <= 10 else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--tag", default=None, help="file name part (default: gpu or cpu)")
+    ap.add_argument("--ns", default=",".join(map(str, NS)))
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--loop-steps", type=int, default=1500)
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--python-us", type=float, default=300.0)
+    ap.add_argument("--gpu-us", type=float, default=100.0)
+    ap.add_argument("--switch-interval", type=float, default=None, help="seconds (sys.setswitchinterval)")
+    ap.add_argument("--profile", type=Path, default=None, help="HS_TRACER_PROFILE for the online diagnosis")
+    ap.add_argument("--no-otel", action="store_true", help="no OpenTelemetry collector, no spans")
+    ap.add_argument("--skip-hooks", action="store_true")
+    args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    collector = None
+    if not args.no_otel:
+        collector = subprocess.Popen([sys.executable, "-c", COLLECTOR], stdout=subprocess.PIPE, text=True)
+        port = int(collector.stdout.readline())
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{port}/v1/traces"
+        os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    try:
+        device = torch.device(args.device)
+        st = make_state(device, args.profile)
+        ns = [int(v) for v in args.ns.split(",")]
+        exporters = ["Prometheus"] + ([] if args.no_otel else ["OpenTelemetry spans"]) + (
+            ["online diagnosis"] if args.profile else [])
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none (CPU stand-in probe)"
+        res: dict = {"machine": {
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "gpu": gpu,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
+            "method": __doc__.strip(), "switch_interval_s": sys.getswitchinterval(),
+            "exporters": ", ".join(exporters), "args": {k: str(v) for k, v in vars(args).items()},
+            "hooks": [], "loop": []}
+        if not args.skip_hooks:
+            for n in ns:
+                row = bench_hooks(st, n, device, args.steps, args.rounds)
+                res["hooks"].append(row)
+                print(json.dumps(row), flush=True)
+        for n in ns:
+            row = bench_loop(st, n, device, args.loop_steps, args.blocks, args.python_us, args.gpu_us)
+            res["loop"].append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        if collector is not None:
+            collector.kill()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or ("gpu" if device.type == "cuda" else "cpu")
+    (args.out / f"hook_overhead_{tag}.json").write_text(json.dumps(res, indent=2) + "\n")
+    md = markdown(res)
+    (args.out / f"hook_overhead_{tag}.md").write_text(md)
+    print(md)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

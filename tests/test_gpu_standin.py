@@ -327,16 +327,16 @@ def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.M
     from hs_tracer.records import Ranks
 
     st = state.install(TracerConfig())
-    recorded: list = []
-    st.steps = StepPath(None, None, 1 << 30, Ranks(), recorded.append)
+    st.steps = StepPath(None, None, 1 << 30, Ranks(), 64)
     result = types.SimpleNamespace(accept_lens=torch.tensor([3, 4, 2, 1]), speculative_num_draft_tokens=4)
     hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))
     assert st.hook_errors == 0
-    assert [(r.request_ids, r.accept_lengths) for r in recorded] == [(["r0", "r3"], [3, 1])]
-    for r in reqs:
+    for r in reqs:  # finishing after the step does not change what that step committed
         r.finished_reason = FINISH_LENGTH(8)
+    recorded = st.steps.take()
+    assert [(r.request_ids, r.accept_lengths) for r in recorded] == [(["r0", "r3"], [3, 1])]
     hooks.after_resolve_spec_v2_tokens(None, None, result, types.SimpleNamespace(reqs=reqs))
-    assert len(recorded) == 1  # a batch of finished requests only is no verify step
+    assert st.steps.take() == []  # a batch of finished requests only is no verify step
 
 
 def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:

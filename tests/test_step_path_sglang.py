@@ -100,9 +100,7 @@ res_n1 = decode(worker, batch_n1, 3 * NDT, 2.0)               # launch N+1
 resolve(batch_n.copy(), res_n, [3, 2])                         # process N (b finished: skipped)
 c.is_retracted = True
 resolve(batch_n1.copy(), res_n1, [4, 1, 2])                    # process N+1 (b, c skipped)
-recs = []
-while not st.queue.empty():
-    recs.append(st.queue.get_nowait())
+recs = st.steps.take()                                         # the recorder thread's side
 out["records"] = [{"step": r.step, "rids": r.request_ids, "lengths": r.accept_lengths,
                    "rows": r.digest.tokens if r.digest else None,
                    "mean": r.digest.slots[0].mean if r.digest else None,
@@ -131,7 +129,7 @@ st = startup(TracerConfig(), finish=False)
 d = ScheduleBatch(reqs=[req("x")])
 res = decode(worker, d, NDT, 1.0)
 resolve(d.copy(), res, [2])
-out["pp_nonlast"] = {"enabled": st.enabled, "queued": st.queue.qsize()}
+out["pp_nonlast"] = {"enabled": st.enabled, "queued": 0 if st.steps is None else len(st.steps.pending)}
 
 # ---- two DP replicas without DP attention --------------------------------------------------------
 from sglang.srt.runtime_context import SpawnRanks, publish, reset_context

@@ -18,9 +18,10 @@ Why this shape:
 * Collector down or slow: the processor's queue is bounded and hs_tracer never hands it more spans
   than it can hold; the rest are dropped and counted (:attr:`OtelExporter.dropped`), so the
   recorder never blocks and serving is never affected.
-* With SGLang's request tracing on, :func:`attach_step_events` adds one event per request and step
-  to the request's trace through SGLang's own ``trace_ctx.trace_event``, and the step span links
-  to each request's root span.
+* With SGLang's request tracing on, one event per request and step goes to the request's trace
+  through SGLang's own ``trace_ctx.trace_event``, and the step span links to each request's root
+  span. The recorder builds the events (:func:`step_events`); the scheduler thread, which owns
+  SGLang's trace contexts, attaches them (:func:`attach_events`) at its next verify step.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hs_tracer import __version__
@@ -80,20 +81,14 @@ def request_span_context(trace_ctx: Any) -> SpanContext | None:
     return span_context if span_context.is_valid else None
 
 
-def attach_step_events(rec: StepRecord, trace_ctxs: Sequence[Any], *, level: int = EVENT_LEVEL,
-                       step_span: SpanContext | None = None) -> int:
-    """Add one ``hs_tracer.verify`` event per traced request to its SGLang request trace.
+def step_events(rec: StepRecord, trace_ctxs: Sequence[Any], *,
+                step_span: SpanContext | None = None) -> list[tuple[Any, dict[str, Any]]]:
+    """``(trace_ctx, attributes)`` of the ``hs_tracer.verify`` event for each traced request.
 
     ``trace_ctxs[i]`` is ``req.time_stats.trace_ctx`` of the request whose accept length is
-    ``rec.accept_lengths[i]``. The event is stamped with the time of this call, not of the step
-    (which is the ``hs_tracer.step_time_unix_ns`` attribute): SGLang buffers an event until a slice
-    covering its timestamp ends, and the step's own ``decode_loop`` slice has usually ended by the
-    time the recorder gets here, so a step-time stamp would sit in the buffer for the rest of the
-    request and be cut by the span event limit. Stamped now, it lands in the request's next slice.
-    Call it from the recorder thread: SGLang's ``trace_event`` only appends to the context's buffer.
-    Returns the number of events attached.
+    ``rec.accept_lengths[i]``. Building them touches no SGLang state, so the recorder thread does it;
+    handing them to SGLang (:func:`attach_events`) belongs on the scheduler thread.
     """
-    attached = 0
     common: dict[str, Any] = {
         "hs_tracer.step": rec.step,
         "hs_tracer.step_time_unix_ns": rec.time_unix_ns,
@@ -108,15 +103,30 @@ def attach_step_events(rec: StepRecord, trace_ctxs: Sequence[Any], *, level: int
     if step_span is not None:
         common["hs_tracer.step_trace_id"] = format(step_span.trace_id, "032x")
         common["hs_tracer.step_span_id"] = format(step_span.span_id, "016x")
+    out = []
     for i, ctx in enumerate(trace_ctxs):
         if ctx is None or not getattr(ctx, "tracing_enable", False):
             continue
         attrs = dict(common)
         if i < len(rec.accept_lengths):
             attrs["hs_tracer.accept_length"] = rec.accept_lengths[i]
+        out.append((ctx, attrs))
+    return out
+
+
+def attach_events(events: Sequence[tuple[Any, dict[str, Any]]], *, level: int = EVENT_LEVEL) -> int:
+    """Add each event to its SGLang request trace through SGLang's own ``trace_ctx.trace_event``.
+
+    Call it from the scheduler thread: ``trace_event`` appends to a buffer that SGLang's scheduler
+    reads and exports with its own slices; no other thread may write it. The event is stamped with
+    the time of this call, not of the step (the ``hs_tracer.step_time_unix_ns`` attribute): SGLang
+    buffers an event until a slice covering its timestamp ends, so a step-time stamp would sit in
+    the buffer for the rest of the request. Stamped now, it lands in the request's next slice.
+    Returns the number of events attached.
+    """
+    for ctx, attrs in events:
         ctx.trace_event(EVENT_NAME, level, attrs=attrs)
-        attached += 1
-    return attached
+    return len(events)
 
 
 class _CountingExporter:
@@ -269,20 +279,42 @@ class OtelExporter:
             "hs_tracer.slot.match_score": [float(v.score) for v in ordered],
         } if ordered else {}
 
-    def record_step(self, rec: StepRecord, trace_ctxs: Sequence[Any] | None = None) -> SpanContext | None:
-        """Export a span for this step if it is sampled; attach request events when given SGLang's
-        trace contexts (aligned with ``rec.accept_lengths``). Never blocks.
+    @staticmethod
+    def request_tracing() -> bool:
+        """Whether SGLang traces requests in this process (``--enable-trace`` installed the global
+        provider): only then can a step carry request events."""
+        from opentelemetry import trace
 
-        Returns the span's context when a span was exported, else ``None``.
-        """
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+    def wants_span(self, nonfinite: bool = False) -> bool:
+        """Count one verify step; whether it gets a span (1 in ``round(1/sample)``, and every step
+        with non-finite features)."""
         self._steps += 1
-        sampled = self.every and (self._steps - 1) % self.every == 0
-        if not sampled and rec.digest is not None:
-            sampled = any(s.nonfinite for s in rec.digest.slots)
-        sampled = sampled and self.spans_off_reason is None
+        sampled = bool(self.every) and (self._steps - 1) % self.every == 0
+        return (sampled or nonfinite) and self.spans_off_reason is None
+
+    def record_step(self, rec: StepRecord, trace_ctxs: Sequence[Any] | None = None, *,
+                    sampled: bool | None = None,
+                    deliver: Callable[[list[tuple[Any, dict[str, Any]]]], Any] | None = None,
+                    ) -> SpanContext | None:
+        """Export a span for this step if it is sampled (``sampled``: the caller already asked
+        :meth:`wants_span`); build request events when given SGLang's trace contexts (aligned with
+        ``rec.accept_lengths``). ``deliver`` takes those events to the thread that owns the
+        contexts; without it they are attached here (call from the scheduler thread then). Never
+        blocks. Returns the span's context when a span was exported, else ``None``.
+        """
+        if sampled is None:
+            nonfinite = rec.digest is not None and any(s.nonfinite for s in rec.digest.slots)
+            sampled = self.wants_span(nonfinite)
         span_context = self._emit(rec, trace_ctxs) if sampled else None
         if trace_ctxs:
-            attach_step_events(rec, trace_ctxs, step_span=span_context)
+            events = step_events(rec, trace_ctxs, step_span=span_context)
+            if events:
+                if deliver is None:
+                    attach_events(events)
+                else:
+                    deliver(events)
         return span_context
 
     def _emit(self, rec: StepRecord, trace_ctxs: Sequence[Any] | None) -> SpanContext | None:

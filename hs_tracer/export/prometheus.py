@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hs_tracer.config import TracerConfig
 from hs_tracer.diagnosis.findings import Finding, SlotVerdict
 from hs_tracer.fingerprint.stats import StepDigest
@@ -261,7 +263,7 @@ class PrometheusExporter:
         self._hook_errors = m.hook_errors.labels(**b)
         self._spans_dropped = m.spans_dropped.labels(**b)
         self._enabled = m.enabled.labels(**b)
-        self._host_overhead = m.host_overhead.labels(**b)
+        self._host_overhead = _WeightedHistogram(m.host_overhead.labels(**b))
         self._enabled.set(1)
         self._totals = {"dropped": 0, "hook_errors": 0, "spans_dropped": 0}
         self._wiring_labels: dict[str, str] | None = None
@@ -337,6 +339,33 @@ class PrometheusExporter:
                 for k, slot in enumerate(rec.digest.slots):
                     if slot.nonfinite:
                         p.nonfinite[k] += slot.nonfinite
+            now = time.monotonic()
+            if now - self._last_flush >= self.flush_interval_s:
+                self._flush_locked(now)
+
+    def record_batch(self, steps: int, lengths: np.ndarray, draft_tokens: int, last_time_unix_ns: int,
+                     input_width: int | None, last_digest: StepDigest | None,
+                     nonfinite: Sequence[int]) -> None:
+        """:meth:`record_step` for many steps at once (the recorder's batches): ``lengths`` every
+        request's accept length of those steps, ``draft_tokens`` their sum of drafts proposed,
+        ``nonfinite[k]`` slot k's non-finite values. Equal lengths are counted with one bincount."""
+        if not steps:
+            return
+        counts = np.bincount(lengths.clip(min=0)) if lengths.size else np.zeros(0, dtype=np.int64)
+        p = self._pending
+        with self._lock:
+            p.steps += steps
+            for length in np.flatnonzero(counts).tolist():
+                p.lengths[length] += int(counts[length])
+            p.draft_tokens += draft_tokens
+            p.last_time_s = last_time_unix_ns / 1e9
+            if input_width is not None:
+                p.input_width = input_width
+            if last_digest is not None:
+                p.last_digest = last_digest
+            for k, count in enumerate(nonfinite):
+                if count:
+                    p.nonfinite[k] += int(count)
             now = time.monotonic()
             if now - self._last_flush >= self.flush_interval_s:
                 self._flush_locked(now)
@@ -448,11 +477,12 @@ class PrometheusExporter:
                 self._advance("spans_dropped", spans_dropped, self._spans_dropped)
             self._enabled.set(1 if enabled else 0)
             if host_overhead_s is not None:
-                self._host_overhead.observe(host_overhead_s)
+                self._host_overhead.add(host_overhead_s, 1)
 
-    def observe_host_overhead(self, seconds: float) -> None:
-        """One step's host time in the per-step hooks (every step is observed)."""
-        self._host_overhead.observe(seconds)
+    def observe_host_overhead(self, seconds: np.ndarray) -> None:
+        """Host time in the per-step hooks, one value per step: every step is observed."""
+        with self._lock:
+            self._host_overhead.add_many(seconds)
 
     def _advance(self, key: str, total: int, counter: Any) -> None:
         delta = total - self._totals[key]
@@ -499,6 +529,21 @@ class _WeightedHistogram:
             return
         child._buckets[bisect_left(child._upper_bounds, value)].inc(count)
         child._sum.inc(value * count)
+
+    def add_many(self, values: np.ndarray) -> None:
+        """One observation per value, bucketed with numpy (one update per non-empty bucket)."""
+        child = self._child
+        if not self.fast:
+            for value in values.tolist():
+                child.observe(value)
+            return
+        if not values.size:
+            return
+        idx = np.searchsorted(np.asarray(child._upper_bounds), values, side="left")
+        counts = np.bincount(idx, minlength=len(child._buckets))
+        for i in np.flatnonzero(counts).tolist():
+            child._buckets[i].inc(int(counts[i]))
+        child._sum.inc(float(values.sum()))
 
 
 def _join(values: Sequence[object] | None) -> str:

@@ -1,31 +1,54 @@
 """The background recorder: everything that must not run on SGLang's scheduler thread.
 
-It takes :class:`~hs_tracer.records.StepRecord` objects off the tracer's bounded queue, tallies
-acceptance, feeds the Prometheus and OpenTelemetry exporters, reads the fingerprint probe's
-per-channel windows, runs the online diagnosis against ``HS_TRACER_PROFILE``, and keeps the live
-report (the report JSON of docs/interfaces.md) that ``HS_TRACER_REPORT_DIR`` and ``hs-tracer demo`` show.
+Every ``BATCH_INTERVAL_S`` it takes the verify steps the scheduler thread handed over
+(:class:`~hs_tracer.integrations.sglang.steps.PendingStep`) and works them off as one batch: digests
+joined by step number, acceptance tallied with numpy, Prometheus updated once per batch (the
+host-overhead histogram gets every step's value), OpenTelemetry spans for the sampled steps only
+(records are built for those, and for every step while SGLang's request tracing is on, whose events
+go back to the scheduler thread to be attached). It reads the fingerprint probe's per-channel
+windows, runs the online diagnosis against ``HS_TRACER_PROFILE`` at most every ``DIAGNOSE_EVERY_S``
+(windows closed in between are merged, none is lost; an idle wake-up diagnoses at once), and keeps
+the live report (the report JSON of docs/interfaces.md) that ``HS_TRACER_REPORT_DIR`` and
+``hs-tracer demo`` show.
+
+Why batches: the recorder shares the scheduler's GIL, so every microsecond of Python it runs is a
+microsecond the scheduler thread may wait. Waking once per step (a queue hand-off) and doing
+per-step Python cost the scheduler 110-2000 µs per step on the H200 host; one wake-up per batch
+with numpy over the batch, worked off in short chunks that hand the GIL back, costs it a fraction
+of that (benchmarks/hook_overhead.py measures it; docs/fingerprint.md has the numbers).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hs_tracer.diagnosis.findings import Acceptance, Code, Report
-from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
 
 if TYPE_CHECKING:
     from hs_tracer.integrations.sglang.state import TracerState
+    from hs_tracer.integrations.sglang.steps import PendingStep
     from hs_tracer.profile.model import Profile
-    from hs_tracer.records import StepRecord
 
 logger = logging.getLogger("hs_tracer")
 
 REPORT_EVERY_S = 0.5  # how often the live report file is refreshed while steps arrive
+BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
+DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
+# A batch is worked off in chunks with a short sleep between them. A thread holding the GIL keeps it
+# for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so a whole
+# batch in one go would hold up the scheduler thread, waking from its wait on the GPU, for the
+# batch's full length; a real sleep (not sleep(0), which the same thread can win back) hands the
+# GIL over at once.
+CHUNK_STEPS = 32
+YIELD_S = 50e-6
+_NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
 
 @dataclass
@@ -52,11 +75,40 @@ class AcceptanceTally:
             for i in range(min(length - 1, len(self.per_position))):
                 self.per_position[i] += 1
 
+    def add_array(self, lengths: np.ndarray, num_draft_tokens: int,
+                  max_accept_length: int | None = None) -> None:
+        """:meth:`add` for many request-steps at once, in numpy (the loop costs ~0.2 µs per request
+        and position, the largest per-step cost there is at batches of hundreds)."""
+        positions = max(num_draft_tokens - 1, 0)
+        if max_accept_length is not None:
+            positions = min(positions, max(max_accept_length - 1, 0))
+        if len(self.per_position) < positions:
+            self.per_position.extend([0] * (positions - len(self.per_position)))
+        self.steps += int(lengths.size)
+        self.accepted_tokens += int(lengths.sum())
+        p = len(self.per_position)
+        if p and lengths.size:
+            # reached[j]: request-steps whose accepted draft tokens (capped at p) are exactly j
+            reached = np.bincount(np.clip(lengths - 1, 0, p), minlength=p + 1)
+            at_least = np.cumsum(reached[::-1])[::-1]
+            for i in range(p):
+                self.per_position[i] += int(at_least[i + 1])
+
     def summary(self) -> Acceptance | None:
         if not self.steps:
             return None
         return Acceptance(self.steps, self.accepted_tokens / self.steps,
                           [n / self.steps for n in self.per_position])
+
+
+def _concat_lengths(items: list[PendingStep]) -> np.ndarray:
+    """Every committed request's accept length of ``items``, in order (int64). SGLang's per-step CPU
+    tensors are joined by one ``torch.cat``; steps with skipped requests or plain lists go one by one."""
+    import torch
+
+    if all(not item.skip and isinstance(item.accept_lens, torch.Tensor) for item in items):
+        return torch.cat([item.accept_lens for item in items]).numpy().astype(np.int64)
+    return np.concatenate([item.lengths() for item in items])
 
 
 class Recorder(threading.Thread):
@@ -77,27 +129,24 @@ class Recorder(threading.Thread):
         self._prom: Any = None
         self._otel: Any = None
         self._stopping = threading.Event()
+        self._fresh: ChannelStats | None = None  # windows folded in since the last diagnosis
+        self._diagnosed_at = -DIAGNOSE_EVERY_S
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self._setup()
             last_report, dirty = 0.0, False
-            while not self._stopping.is_set():
-                try:
-                    rec = self.st.queue.get(timeout=0.2)
-                except queue.Empty:
-                    rec = None
-                if rec is not None:
-                    self._on_step(rec)
-                    dirty = True
+            while not self._stopping.wait(BATCH_INTERVAL_S):
+                got = self._on_steps()
+                dirty |= got
                 if self.st.capture is not None:
                     self.st.capture.poll()  # sampled draft inputs whose host copy completed -> disk
-                dirty |= self._on_window()
+                dirty |= self._on_window(force=not got)
                 now = time.monotonic()
                 # Refresh at most every REPORT_EVERY_S while steps arrive, and once more when they
                 # stop, so the report always ends on the last step.
-                if dirty and (rec is None or now - last_report > REPORT_EVERY_S):
+                if dirty and (not got or now - last_report > REPORT_EVERY_S):
                     self._export_health()
                     self.st.write_report()
                     last_report, dirty = now, False
@@ -134,21 +183,67 @@ class Recorder(threading.Thread):
             self._otel = OtelExporter(wiring.model, st.ranks, sample=st.config.span_sample)
             self._otel.record_wiring(wiring)
 
-    # ---- per record --------------------------------------------------------------------------------
-    def _on_step(self, rec: StepRecord) -> None:
-        self.acceptance.add(rec.accept_lengths, rec.num_draft_tokens, rec.max_accept_length)
-        if self.st.capture is not None:
-            self.st.capture.note_accept_lengths(rec.accept_lengths)
-        if rec.digest is not None:
-            self.nonfinite += sum(slot.nonfinite for slot in rec.digest.slots)
-        self._prom.record_step(rec)
-        self._prom.observe_host_overhead(rec.host_overhead_s)
-        if self._otel is not None:
-            self._otel.record_step(rec, rec.trace_ctxs)
+    # ---- per batch ---------------------------------------------------------------------------------
+    def _on_steps(self) -> bool:
+        """Work off every step handed over since the last wake-up. True if there was one."""
+        steps = self.st.steps
+        if steps is None:
+            return False
+        items = steps.take_pending()
+        if not items:
+            return False
+        for start in range(0, len(items), CHUNK_STEPS):
+            if start:
+                time.sleep(YIELD_S)  # let the scheduler thread have the GIL between chunks
+            self._on_batch(items[start:start + CHUNK_STEPS])
         self._judge()
+        return True
 
-    def _on_window(self) -> bool:
-        """Fold a finished fingerprint window in and re-diagnose. True if the report changed.
+    def _on_batch(self, items: list[PendingStep]) -> None:
+        """One pass over the batch with numpy; per step only a few list operations."""
+        steps, otel, capture = self.st.steps, self._otel, self.st.capture
+        assert steps is not None
+        digests = [steps.claim_raw(item.step) for item in items]
+        landed = [i for i, d in enumerate(digests) if d is not None]
+        bad: set[int] = set()
+        nonfinite_counts: list[int] = []
+        if landed:
+            per_step = np.stack([digests[i][1] for i in landed])[:, :, _NONFINITE]  # type: ignore[index]
+            nonfinite_counts = [int(v) for v in per_step.sum(axis=0)]
+            if any(nonfinite_counts):
+                bad = {landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()}
+        lengths = _concat_lengths(items)
+        if capture is not None:
+            for item in items:
+                capture.note_accept_lengths(item.lengths())
+        if otel is not None:
+            # Spans for the sampled steps; request events need a record of every step while SGLang
+            # traces requests.
+            every = otel.request_tracing()
+            for i in range(len(items)):
+                sampled = otel.wants_span(i in bad)
+                if sampled or every:
+                    rec = steps.to_record(items[i], digests[i])
+                    otel.record_step(rec, rec.trace_ctxs, sampled=sampled, deliver=steps.outbox.extend)
+        last = items[-1]
+        self.acceptance.add_array(lengths, last.num_draft_tokens, last.max_accept_length)
+        self.nonfinite += sum(nonfinite_counts)
+        digest = None
+        if landed and steps.decode is not None:
+            digest = steps.decode.probe.digest_of(*digests[landed[-1]])  # type: ignore[misc]
+        width = next((item.input_width for item in reversed(items) if item.input_width is not None), None)
+        if all(item.num_draft_tokens == last.num_draft_tokens for item in items):
+            draft_tokens = lengths.size * max(last.num_draft_tokens - 1, 0)
+        else:
+            draft_tokens = sum(item.lengths().size * (item.num_draft_tokens - 1)
+                               for item in items if item.num_draft_tokens > 1)
+        self._prom.record_batch(len(items), lengths, draft_tokens, last.time_unix_ns, width, digest,
+                                nonfinite_counts)
+        self._prom.observe_host_overhead(np.fromiter((item.host_s for item in items), float, len(items)))
+
+    def _on_window(self, force: bool = True) -> bool:
+        """Fold finished fingerprint windows in; re-diagnose when ``DIAGNOSE_EVERY_S`` has passed
+        since the last diagnosis, or at once when ``force``. True if the report changed.
 
         Which rows: decode verify rows and prefill rows without position 0
         (integrations/sglang/steps.py says why)."""
@@ -157,17 +252,23 @@ class Recorder(threading.Thread):
         if source is None:
             return False
         window = source.probe.read_window()
-        if window is None:
+        if window is not None:
+            self.live = window if self.live is None else self.live.merge(window)
+            self._fresh = window if self._fresh is None else self._fresh.merge(window)
+            self.window_reports += 1
+        if self._fresh is None:
             return False
-        self.live = window if self.live is None else self.live.merge(window)
-        self.window_reports += 1
-        self._diagnose(window)
+        now = time.monotonic()
+        if not force and now - self._diagnosed_at < DIAGNOSE_EVERY_S:
+            return False
+        fresh, self._fresh, self._diagnosed_at = self._fresh, None, now
+        self._diagnose(fresh)
         return True
 
     def _diagnose(self, window: ChannelStats) -> None:
         """Judge everything seen so far against the profile (the wiring does not change while a
-        process runs, so more tokens only sharpen the verdict); the drift score is the latest
-        window's."""
+        process runs, so more tokens only sharpen the verdict); the drift score is that of the
+        windows closed since the previous diagnosis."""
         from hs_tracer.diagnosis.identity import diagnose_detailed
 
         if self.profile is None or self.live is None:
@@ -175,8 +276,8 @@ class Recorder(threading.Thread):
         width = self.st.steps.input_width if self.st.steps is not None else None
         detailed = diagnose_detailed(self.live, self.profile, nonfinite=self.nonfinite, width=width)
         judged = detailed.report
-        # Drift score per slot, the diagnosis's own (docs/diagnosis.md), of this window alone;
-        # the drift alert uses it.
+        # Drift score per slot, the diagnosis's own (docs/diagnosis.md), of the fresh windows
+        # alone; the drift alert uses it.
         latest = detailed if window is self.live else diagnose_detailed(
             window, self.profile, nonfinite=0, width=width)
         drift = [m.drift_score for m in latest.matches]

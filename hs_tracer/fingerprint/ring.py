@@ -57,24 +57,30 @@ class DigestRing:
 
     def drain(self) -> list[tuple[int, int, np.ndarray]]:
         """Consumer: ``(step_id, tokens, raw [K, 5])`` of the launches that landed since the last call,
-        oldest first, stopping at the first that has not. Never waits."""
+        oldest first, stopping at the first that has not. Never waits. The stamps of all rows due
+        are compared at once and the landed rows copied in one go (a batch of steps costs about
+        what one did)."""
         out = []
         with self._read_lock:
             last, nxt, size = self.launched, self._next, self.size
             if last - nxt + 1 > size:  # rows already reused by later launches
                 self.dropped += last - size + 1 - nxt
                 nxt = last - size + 1
-            while nxt <= last:
-                row = nxt % size
-                stamp = int(self._stamps[row])
-                if stamp < nxt:
-                    break  # not landed yet
-                raw = self._rows[row].copy()
-                note = self._notes[row]
-                if stamp == nxt and note is not None and note[0] == nxt:
-                    out.append((note[1], note[2], raw))
+            if nxt > last:
+                return out
+            seqs = np.arange(nxt, last + 1, dtype=np.int64)
+            rows = seqs % size
+            stamps = self._stamps[rows]
+            early = np.flatnonzero(stamps < seqs)
+            n = int(early[0]) if early.size else seqs.size  # landed in order up to the first that has not
+            raws = self._rows[rows[:n]].copy()  # copied before the notes are checked (see module doc)
+            notes = self._notes
+            for i, (seq, row, stamp) in enumerate(zip(seqs[:n].tolist(), rows[:n].tolist(),
+                                                      stamps[:n].tolist(), strict=True)):
+                note = notes[row]
+                if stamp == seq and note is not None and note[0] == seq:
+                    out.append((note[1], note[2], raws[i]))
                 else:
-                    self.dropped += 1  # overwritten by launch nxt + size before we read it
-                nxt += 1
-            self._next = nxt
+                    self.dropped += 1  # overwritten by launch seq + size before we read it
+            self._next = nxt + n
         return out

@@ -135,7 +135,7 @@ def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any,
     ``result`` belongs to, for the requests SGLang committed."""
     if st.steps is None:
         return
-    st.steps.record(result, batch.reqs, result.accept_lens.tolist(),
+    st.steps.record(result, batch.reqs, result.accept_lens,
                     num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
                     max_accept_length=st.max_accept_length)
 

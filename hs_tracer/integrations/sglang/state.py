@@ -11,12 +11,10 @@ proceeds exactly as if hs_tracer were not there.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import os
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import torch
 
 from hs_tracer.config import TracerConfig
-from hs_tracer.records import Ranks, StepRecord, WiringRecord
+from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
     from hs_tracer.diagnosis.findings import Finding
@@ -64,17 +62,18 @@ class TracerState:
     # Step path: None until startup finished on this rank (non-last pipeline stages never get one).
     steps: StepPath | None = None
     role: str = "null"  # SGLang's disaggregation_mode: "null" (both), "prefill" or "decode"
-    dropped: int = 0
     recorder: Recorder | None = None
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
-    queue: queue.Queue[StepRecord] = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _report_error: str | None = None  # the last report write the OS refused (logged once)
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
+    RING_SIZE: ClassVar[int] = 1024  # digest ring rows: steps the recorder may fall behind between batches
 
-    def __post_init__(self) -> None:
-        self.queue = queue.Queue(maxsize=self.config.queue_size)
+    @property
+    def dropped(self) -> int:
+        """Verify steps the recorder fell too far behind to take (oldest first)."""
+        return self.steps.dropped if self.steps is not None else 0
 
     @property
     def max_accept_length(self) -> int | None:
@@ -153,7 +152,8 @@ class TracerState:
             from hs_tracer.integrations.sglang.steps import StepPath
 
             decode, prefill = self._make_probes()
-            self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks, self._enqueue)
+            self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks,
+                                  self.config.queue_size)
             if self.config.capture_dir is not None:
                 from hs_tracer.export.capture import make_sink
 
@@ -182,22 +182,12 @@ class TracerState:
         if hidden <= 0 or slots <= 0:
             return None, None
         device, dtype = self.target_device, self.target_dtype
-        probe = FingerprintProbe(slots, hidden, device, warmup_dtype=dtype)
+        probe = FingerprintProbe(slots, hidden, device, ring_size=self.RING_SIZE, warmup_dtype=dtype)
         if self.role == "prefill":
             return None, probe
         if self.role == "decode":
             return probe, None
         return probe, probe  # combined instance: one window stream (steps.py says which rows)
-
-    def _enqueue(self, rec: StepRecord) -> None:
-        """Hand a record to the recorder; when it is behind, the oldest record goes (counted)."""
-        try:
-            self.queue.put_nowait(rec)
-        except queue.Full:
-            with contextlib.suppress(queue.Empty):  # drop the oldest: recent steps matter more
-                self.queue.get_nowait()
-            self.dropped += 1
-            self.queue.put_nowait(rec)
 
     def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any) -> None:
         """Offer a prefill's draft input to the capture sink (sampling + async host copy only)."""

@@ -23,21 +23,33 @@ window closes every ``HS_TRACER_WINDOW_TOKENS`` rows.
 
 Requests SGLang already finished or retracted in a step are skipped exactly as its own
 ``_resolve_spec_v2_tokens`` skips them (``req.is_retracted or req.finished()``): under overlap they
-ride along for one more step, and their accept lengths are padding.
+ride along for one more step, and their accept lengths are padding. That test reads request state
+as it is at this step, so it runs on the scheduler thread (one attribute read per request).
+
+**What the scheduler thread does per step, and nothing more**: the BEFORE hook launches the probe
+(a graph replay) and stamps the step number; the AFTER hook notes which requests to skip and
+appends one tuple of references (step, time, SGLang's CPU tensor of accept lengths, the request
+list, its host time) to a bounded deque, then hands SGLang any request-trace events the recorder
+prepared (SGLang's trace contexts are the scheduler's: only its thread writes them). The recorder
+thread takes the pending steps every few tens of milliseconds and does the rest in batches: digests
+drained from the ring and joined by step number, accept lengths tallied with numpy, records built
+only for the steps an exporter needs one by one (sampled spans, traced requests).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
     from hs_tracer.fingerprint.probe import FingerprintProbe
-    from hs_tracer.fingerprint.stats import StepDigest
 
 logger = logging.getLogger("hs_tracer")
 
@@ -46,9 +58,41 @@ STEP_ATTR = "_hs_tracer_step"
 the step number to the result hook; it dies with the result object."""
 
 
+MIN_WINDOW_S = 0.02
+"""A diagnosis window closes when it holds ``window_rows`` rows and at least this long after the
+previous close: closing one costs the scheduler thread ~20 µs (two async copies and an event), so
+fast large steps close one every few steps, not every step."""
+
+
 def request_settled(req: Any) -> bool:
     """Whether SGLang's ``_resolve_spec_v2_tokens`` commits this request's accept length this step."""
     return not (req.is_retracted or req.finished())
+
+
+class PendingStep(NamedTuple):
+    """One verify step as the scheduler thread hands it over: references only, no per-request work
+    beyond the indices of the requests SGLang skips."""
+
+    step: int
+    time_unix_ns: int
+    accept_lens: Any  # SGLang's CPU tensor (fresh every step, never written again) or a list
+    reqs: tuple[Any, ...]
+    skip: tuple[int, ...]  # indices of requests finished or retracted before this step
+    num_draft_tokens: int
+    max_accept_length: int | None
+    input_width: int | None
+    host_s: float  # host time of the per-step hooks that led to this record
+
+    def lengths(self) -> np.ndarray:
+        """The committed requests' accept lengths (int64)."""
+        lens = self.accept_lens
+        arr = lens.numpy() if hasattr(lens, "numpy") else np.asarray(lens)
+        arr = arr.reshape(-1).astype(np.int64)
+        return np.delete(arr, self.skip) if self.skip else arr
+
+    def kept(self) -> list[Any]:
+        skip = set(self.skip)
+        return [r for i, r in enumerate(self.reqs) if i not in skip]
 
 
 def prefill_segments(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> list[tuple[int, int]]:
@@ -70,42 +114,52 @@ def prefill_segments(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> 
 class _Windowed:
     """A probe and its row count towards the next window boundary."""
 
-    __slots__ = ("probe", "rows", "window_rows")
+    __slots__ = ("closed_at", "probe", "rows", "window_rows")
 
     def __init__(self, probe: FingerprintProbe, window_rows: int) -> None:
         self.probe = probe
         self.rows = 0
         self.window_rows = window_rows
+        self.closed_at = 0.0
 
-    def observe(self, features: Any, step: int) -> bool:
+    def observe(self, features: Any, step: int, now: float) -> bool:
         if not self.probe.observe(features, step):
             return False
         self.rows += int(features.shape[0])
-        if self.rows >= self.window_rows:
+        if self.rows >= self.window_rows and now - self.closed_at >= MIN_WINDOW_S:
             self.probe.end_window()
             self.rows = 0
+            self.closed_at = now
         return True
 
 
 class StepPath:
-    """Owns the decode and prefill probes (built and warmed at startup) and turns each verify step
-    into a :class:`StepRecord` on the recorder's bounded queue."""
+    """Owns the decode and prefill probes (built and warmed at startup); the scheduler thread hands
+    each verify step over as a :class:`PendingStep`, the recorder thread turns them into records.
+
+    Bounded: ``capacity`` steps wait for the recorder; beyond that the oldest goes (``dropped``).
+    """
 
     def __init__(self, decode: FingerprintProbe | None, prefill: FingerprintProbe | None,
-                 window_rows: int, ranks: Ranks, enqueue: Any) -> None:
+                 window_rows: int, ranks: Ranks, capacity: int) -> None:
         self.decode = _Windowed(decode, window_rows) if decode is not None else None
         if prefill is not None and prefill is decode:
             self.prefill = self.decode  # one window stream (a combined instance)
         else:
             self.prefill = _Windowed(prefill, window_rows) if prefill is not None else None
         self.ranks = ranks
-        self._enqueue = enqueue  # StepRecord -> None (drops the oldest when full)
+        self.pending: deque[PendingStep] = deque(maxlen=capacity)
+        self.dropped = 0
+        # Request-trace events the recorder prepared: (trace_ctx, attrs). The scheduler thread
+        # hands them to SGLang at its next result step (bounded; the oldest go first).
+        self.outbox: deque[tuple[Any, dict[str, Any]]] = deque(maxlen=4 * capacity)
         self.decode_steps = 0
         self.prefill_steps = 0
         self.input_width: int | None = None
         self.width_warned = False
-        self._digests: dict[int, StepDigest] = {}
-        self._max_pending = 4 * int(getattr(decode, "ring_size", 64))
+        self._digests: dict[int, tuple[int, np.ndarray]] = {}
+        ring = int(getattr(decode, "ring_size", 64))
+        self._max_pending = 4 * max(ring, capacity)
         self._host_s = 0.0  # host time in the per-step hooks since the last record
 
     # ---- draft extend (before) ---------------------------------------------------------------------
@@ -115,7 +169,7 @@ class StepPath:
         step = self.decode_steps
         setattr(result, STEP_ATTR, step)
         if features is not None:
-            self._observe(self.decode, features, step)
+            self._observe(self.decode, features, step, started)
         self._host_s += time.perf_counter() - started
 
     def observe_prefill(self, features: Any, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
@@ -124,13 +178,13 @@ class StepPath:
         if features is not None and self.prefill is not None:
             # only the requests' extend rows: under DP attention SGLang hands over a padded tensor
             for start, end in prefill_segments(prefix_lens, extend_lens):
-                self._observe(self.prefill, features[start:end], -self.prefill_steps)
+                self._observe(self.prefill, features[start:end], -self.prefill_steps, started)
         self._host_s += time.perf_counter() - started
 
-    def _observe(self, windowed: _Windowed | None, features: Any, step: int) -> None:
+    def _observe(self, windowed: _Windowed | None, features: Any, step: int, now: float) -> None:
         width = int(features.shape[-1])
         self.input_width = width
-        if windowed is None or windowed.observe(features, step):
+        if windowed is None or windowed.observe(features, step, now):
             return
         if not self.width_warned:  # once per process: the width finding carries it from here
             self.width_warned = True
@@ -140,38 +194,73 @@ class StepPath:
                            probe.hidden)
 
     # ---- results (after _resolve_spec_v2_tokens) ---------------------------------------------------
-    def record(self, result: Any, reqs: Sequence[Any], accept_lengths: Sequence[int],
-               num_draft_tokens: int, max_accept_length: int | None) -> StepRecord | None:
-        """The record of the step ``result`` belongs to, with the requests SGLang committed."""
+    def record(self, result: Any, reqs: Sequence[Any], accept_lens: Any, num_draft_tokens: int,
+               max_accept_length: int | None) -> bool:
+        """Hand over the step ``result`` belongs to (scheduler thread). ``accept_lens``: SGLang's CPU
+        tensor or a sequence, kept by reference. False when every request was already finished or
+        retracted (no verify step)."""
         started = time.perf_counter()
+        if self.outbox:
+            self._deliver_events()
         step = getattr(result, STEP_ATTR, None)
-        digest = self._claim(step)
-        keep = [i for i, r in enumerate(reqs) if request_settled(r)]
-        if not keep:  # only requests finished or retracted before this step: no verify step
+        skip = tuple(i for i, r in enumerate(reqs) if r.is_retracted or r.finished())
+        if len(skip) == len(reqs):  # only requests finished or retracted before this step
             self._host_s += time.perf_counter() - started
-            return None
-        rec = StepRecord(
-            step=step if step is not None else 0, time_unix_ns=time.time_ns(), ranks=self.ranks,
-            request_ids=[reqs[i].rid for i in keep],
-            accept_lengths=[int(accept_lengths[i]) for i in keep],
-            num_draft_tokens=num_draft_tokens, digest=digest, input_width=self.input_width,
-            trace_ctxs=[getattr(getattr(reqs[i], "time_stats", None), "trace_ctx", None) for i in keep],
-            max_accept_length=max_accept_length,
-        )
-        self._host_s += time.perf_counter() - started
-        rec.host_overhead_s, self._host_s = self._host_s, 0.0
-        self._enqueue(rec)
-        return rec
+            return False
+        pending = self.pending
+        if len(pending) == pending.maxlen:
+            self.dropped += 1  # the recorder is a whole deque behind: the oldest step goes
+        host_s = self._host_s + time.perf_counter() - started
+        self._host_s = 0.0
+        pending.append(PendingStep(step if step is not None else 0, time.time_ns(), accept_lens, tuple(reqs),
+                                   skip, num_draft_tokens, max_accept_length, self.input_width, host_s))
+        return True
 
-    def _claim(self, step: int | None) -> StepDigest | None:
+    def _deliver_events(self) -> None:
+        """Request-trace events prepared by the recorder, handed to SGLang's trace contexts here, on
+        the thread that owns them."""
+        from hs_tracer.export.otel import attach_events
+
+        outbox, events = self.outbox, []
+        while outbox:
+            events.append(outbox.popleft())
+        attach_events(events)
+
+    # ---- recorder thread ---------------------------------------------------------------------------
+    def take_pending(self) -> list[PendingStep]:
+        """Every step handed over so far, oldest first; digests drained from the probes."""
+        pending = self.pending
+        items = []
+        while pending:
+            items.append(pending.popleft())
         if self.prefill is not None and self.prefill is not self.decode:
-            self.prefill.probe.drain()  # prefill digests are not per-step records; windows carry them
-        if self.decode is None:
-            return None
-        for sid, digest in self.decode.probe.drain():
-            if sid > 0:  # prefill observations (negative numbers) are never a step's digest
-                self._digests[sid] = digest
-        found = self._digests.pop(step, None) if step is not None else None
-        while len(self._digests) > self._max_pending:  # steps whose results never came (aborted)
-            del self._digests[min(self._digests)]
-        return found
+            self.prefill.probe.drain_raw()  # prefill digests are not per-step records; windows carry them
+        if self.decode is not None:
+            for sid, tokens, raw in self.decode.probe.drain_raw():
+                if sid > 0:  # prefill observations (negative numbers) are never a step's digest
+                    self._digests[sid] = (tokens, raw)
+            while len(self._digests) > self._max_pending:  # steps whose results never came (aborted)
+                del self._digests[min(self._digests)]
+        return items
+
+    def claim_raw(self, step: int) -> tuple[int, np.ndarray] | None:
+        """The drained ``(tokens, raw [K, 5])`` of ``step``'s digest, if it has landed."""
+        return self._digests.pop(step, None)
+
+    def to_record(self, item: PendingStep, digest_raw: tuple[int, np.ndarray] | None) -> StepRecord:
+        """The full :class:`StepRecord` of one pending step (for exporters that need single steps)."""
+        kept = item.kept()
+        digest = None
+        if digest_raw is not None and self.decode is not None:
+            digest = self.decode.probe.digest_of(*digest_raw)
+        return StepRecord(
+            step=item.step, time_unix_ns=item.time_unix_ns, ranks=self.ranks,
+            request_ids=[r.rid for r in kept], accept_lengths=item.lengths().tolist(),
+            num_draft_tokens=item.num_draft_tokens, digest=digest, input_width=item.input_width,
+            trace_ctxs=[getattr(getattr(r, "time_stats", None), "trace_ctx", None) for r in kept],
+            max_accept_length=item.max_accept_length, host_overhead_s=item.host_s,
+        )
+
+    def take(self) -> list[StepRecord]:
+        """Every pending step as a full record with its own digest (tests and single-step users)."""
+        return [self.to_record(item, self.claim_raw(item.step)) for item in self.take_pending()]

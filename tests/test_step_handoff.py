@@ -1,0 +1,159 @@
+"""The hand-off of verify steps from SGLang's scheduler thread to the recorder thread, with real SGLang
+objects: the scheduler thread only appends references, the recorder works them off in batches and
+gets the same numbers as one step at a time, every step's host time reaches the histogram, and
+request-trace events are written into SGLang's trace contexts by the scheduler thread only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hs_tracer.export.prometheus import HOST_OVERHEAD, OVERHEAD_BUCKETS, PrometheusExporter
+from hs_tracer.export.recorder import AcceptanceTally
+from hs_tracer.records import Ranks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("max_accept", [None, 3])
+def test_batched_tally_equals_the_tally_one_step_at_a_time(max_accept: int | None) -> None:
+    """topk > 1: 8 draft tokens in the tree but at most 3 acceptable (max_accept 3 -> 2 positions)."""
+    rng = np.random.default_rng(5)
+    steps = [rng.integers(1, (max_accept or 8) + 1, size=rng.integers(1, 40)) for _ in range(50)]
+    one, batched = AcceptanceTally(), AcceptanceTally()
+    for lengths in steps:
+        one.add(lengths.tolist(), 8, max_accept)
+    batched.add_array(np.concatenate(steps), 8, max_accept)
+    assert (batched.steps, batched.accepted_tokens, batched.per_position) == (
+        one.steps, one.accepted_tokens, one.per_position)
+    assert len(batched.per_position) == (7 if max_accept is None else 2)
+
+
+def test_host_overhead_histogram_observes_every_step() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    e = PrometheusExporter("m", Ranks(), serve=False)
+    reference = Histogram(HOST_OVERHEAD, "reference", buckets=OVERHEAD_BUCKETS, registry=CollectorRegistry())
+    values = np.random.default_rng(2).exponential(20e-6, size=500)
+    e.observe_host_overhead(values)
+    for v in values.tolist():
+        reference.observe(v)
+    labels = {"model": "m", **Ranks().labels()}
+
+    def samples(collected, keep):
+        return {(s.name, s.labels.get("le")): round(s.value, 12) for m in collected for s in m.samples
+                if s.name.startswith(HOST_OVERHEAD) and not s.name.endswith("_created") and keep(s)}
+
+    got = samples(e.registry.collect(), lambda s: {k: v for k, v in s.labels.items() if k != "le"} == labels)
+    want = samples(reference.collect(), lambda s: True)
+    assert got == want and want[(f"{HOST_OVERHEAD}_count", None)] == 500
+
+
+CHILD = r"""
+import json, os, sys, threading, time
+from types import SimpleNamespace
+from hs_tracer_testbed.runtime.inproc import init_world_of_one
+init_world_of_one()
+import torch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.observability import trace as sgl_trace
+from hs_tracer.config import TracerConfig
+from hs_tracer.export import recorder as recorder_mod
+from hs_tracer.integrations.sglang import hooks, state
+
+# SGLang's request tracing on (a collector that is never reached: nothing here is flushed)
+sgl_trace.process_tracing_init("http://127.0.0.1:9/v1/traces", "handoff-test")
+sgl_trace.trace_set_thread_info("scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
+
+K, H, NDT = 3, 8, 4
+recorder_mod.BATCH_INTERVAL_S = 0.01
+st = state.install(TracerConfig(metrics_port=int(sys.argv[1]), window_tokens=1 << 20))
+st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/m/tiny", "num_layers": 8,
+             "hidden_size": H, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
+st.target_dtype = torch.float32
+st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
+st.draft = {"architecture": "LlamaForCausalLMEagle3", "fc_in_features": K * H,
+            "num_aux_hidden_states": K, "graph_width": None}
+st.spec_args = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": NDT}
+st.finish_startup()
+
+writers = []
+def traced_req(rid):
+    req = Req(rid, "", [1, 2, 3], SamplingParams(max_new_tokens=8))
+    ctx = sgl_trace.TraceReqContext(rid)
+    ctx.trace_req_start()
+    real = ctx.trace_event
+    def trace_event(*a, **k):
+        writers.append(threading.current_thread().name)
+        return real(*a, **k)
+    ctx.trace_event = trace_event
+    req.time_stats.trace_ctx = ctx
+    return req
+
+reqs = [traced_req("a"), traced_req("b")]
+batch = ScheduleBatch(reqs=reqs)
+worker = SimpleNamespace()
+def step(lengths):
+    res = GenerationBatchResult(logits_output=LogitsProcessorOutput(
+        next_token_logits=None, hidden_states=torch.ones(2 * NDT, K * H)))
+    hooks.before_draft_extend_for_decode(worker, batch, res)
+    res.accept_lens = torch.tensor(lengths, dtype=torch.int32)
+    res.speculative_num_draft_tokens = NDT
+    hooks.after_resolve_spec_v2_tokens(None, None, res, batch.copy())
+
+for i in range(30):
+    step([1 + i % 4, 2])
+deadline = time.monotonic() + 60
+while st.recorder.acceptance.steps < 60 and time.monotonic() < deadline:
+    time.sleep(0.01)
+recorded = st.recorder.acceptance.steps
+step([2, 2])                                     # the scheduler thread's next step delivers the rest
+prom = st.recorder._prom
+prom.flush()
+labels = {"model": "tiny", **st.ranks.labels()}
+out = {
+    "request_steps": recorded,
+    "accepted_tokens": st.recorder.acceptance.accepted_tokens,
+    "writers": writers,
+    "main": threading.current_thread().name,
+    "hist_count": prom.registry.get_sample_value("hs_tracer_host_overhead_seconds_count", labels),
+    "verify_steps": prom.registry.get_sample_value("hs_tracer_verify_steps_total", labels),
+    "enabled": st.enabled, "reason": st.disabled_reason,
+}
+st.recorder.stop()
+st.recorder.join(5)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def child() -> dict:
+    from tests.infra.net import free_port
+
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(free_port())], capture_output=True, text=True,
+                          timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_recorder_batches_count_every_step(child: dict) -> None:
+    assert child["enabled"], child["reason"]
+    assert child["request_steps"] == 60
+    assert child["accepted_tokens"] == sum(1 + i % 4 for i in range(30)) + 2 * 30
+    assert child["verify_steps"] == 30
+    assert child["hist_count"] == 30  # every step's host time, not a sample
+
+
+def test_request_trace_events_are_written_by_the_scheduler_thread_only(child: dict) -> None:
+    """The recorder prepares one event per traced request and step; the scheduler thread writes
+    them into SGLang's trace contexts at its next verify step, never the recorder thread."""
+    assert len(child["writers"]) == 60 and set(child["writers"]) == {child["main"]}

@@ -429,12 +429,14 @@ def prod_servers(models: Path, tp: int) -> list[Server]:
     ]
 
 
-def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64) -> dict[str, Any]:
+def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Decode throughput with tracing off and on, per batch size: warm-up runs discarded, then
     alternating pairs (off-on, on-off, ...) of the same batch; the figure is the median over pairs
     of each pair's on/off throughput ratio (two back-to-back runs see the same GPU and host state,
     so slow drifts cancel), with its spread. Pairs are capped so the part ends before ``deadline``
-    (``time.monotonic()``), at least ``PROD_MIN_PAIRS`` each."""
+    (``time.monotonic()``), at least ``PROD_MIN_PAIRS`` each. ``progress`` gets the results so far
+    after each batch size (a run stopped from outside keeps them)."""
     import random
 
     by_name = {s.name: s for s in servers}
@@ -507,6 +509,8 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64) -> di
         print(f"[prod] bs {bs}: {pairs} pairs, on/off median {results[-1]['on_over_off']:.4f} "
               f"[{ratios[0]:.4f}, {ratios[-1]:.4f}], host {results[-1]['host_overhead_mean_us']} us/step",
               flush=True)
+        if progress is not None:
+            progress({**out, "throughput": results})
     out["throughput"] = results
     out["gpu_memory_mib"] = {"off": gpu_memory_mib(off), "on": gpu_memory_mib(on)}
     out["final_metrics_host_overhead"] = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
@@ -703,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     bodies: dict[str, Callable[[list[Server]], dict[str, Any]]] = {
         "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens, reference),
         "radix": lambda ss: run_radix(ss, prompts),
-        "prod": lambda ss: run_prod(ss, deadline),
+        "prod": lambda ss: run_prod(ss, deadline, progress=lambda part: write(args.out_dir, stem,
+                                                                               {**result, "prod": part})),
     }
     try:
         for part, servers in active.items():

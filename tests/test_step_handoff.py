@@ -157,3 +157,22 @@ def test_request_trace_events_are_written_by_the_scheduler_thread_only(child: di
     """The recorder prepares one event per traced request and step; the scheduler thread writes
     them into SGLang's trace contexts at its next verify step, never the recorder thread."""
     assert len(child["writers"]) == 60 and set(child["writers"]) == {child["main"]}
+
+
+def test_wiring_record_is_assembled_from_the_startup_hooks_reads_alone() -> None:
+    """Startup assembly is a pure function: the same hook reads give the same record, with no
+    SGLang process or tracer state behind it."""
+    from hs_tracer.integrations.sglang.state import wiring_record
+
+    target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/models/DeepSeek-V3/", "num_layers": 61,
+              "hidden_size": 7168, "layers_to_capture": [2, 30, 58]}
+    aux = {"use_aux_hidden_state": True, "layer_ids": [1, 29, 57]}
+    draft = {"fc_in_features": 3 * 7168, "num_aux_hidden_states": 3, "graph_width": 3 * 7168}
+    spec = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+    w = wiring_record(target, aux, draft, spec, "0.5.23")
+    assert w == wiring_record(dict(target), dict(aux), dict(draft), dict(spec), "0.5.23")
+    assert (w.model, w.sources, w.configured_layer_ids, w.draft_fc_in_features, w.expected_width,
+            w.sglang_version) == ("DeepSeek-V3", ["block:1", "block:29", "block:57"], [1, 29, 57], 21504,
+                                  21504, "0.5.23")
+    spec["speculative_num_steps"] = 5
+    assert w.spec_args["speculative_num_steps"] == 3  # the record keeps its own copy

@@ -115,30 +115,13 @@ class TracerState:
     def finish_startup(self) -> None:
         """All startup hooks have run: build the wiring record, run the static checks, start
         the recorder."""
-        from hs_tracer import sources
         from hs_tracer.diagnosis import wiring as static
         from hs_tracer.integrations.sglang.versions import installed_version
 
         self.ranks, self.emitting = _ranks()
         self.role = _role()
         t = self.target
-        family = sources.family_of(t["architecture"])
-        captured = sources.sglang_capture(t["layers_to_capture"], t["num_layers"], family)
-        self.wiring = WiringRecord(
-            model=os.path.basename(str(t.get("model_path", "")).rstrip("/")) or t["architecture"],
-            target_arch=t["architecture"],
-            num_layers=t["num_layers"],
-            hidden_size=t["hidden_size"],
-            layers_to_capture=t["layers_to_capture"],
-            sources=list(captured.sources),
-            configured_layer_ids=self.aux.get("layer_ids"),
-            draft_fc_in_features=self.draft.get("fc_in_features"),
-            draft_num_aux_states=self.draft.get("num_aux_hidden_states"),
-            draft_graph_width=self.draft.get("graph_width"),
-            use_aux_hidden_state=self.aux.get("use_aux_hidden_state"),
-            spec_args=dict(self.spec_args),
-            sglang_version=installed_version() or "",
-        )
+        self.wiring = wiring_record(t, self.aux, self.draft, self.spec_args, installed_version() or "")
         live = static.wiring_from_record(self.wiring)
         live = static.with_draft_config(live, self.draft_config)
         trained = None
@@ -249,6 +232,33 @@ class TracerState:
                 self._report_error = exc.strerror
                 logger.error("hs_tracer: cannot write the report to %s (%s); tracing goes on", report_dir,
                              exc.strerror or exc)
+
+
+def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, Any],
+                  spec_args: dict[str, Any], sglang_version: str) -> WiringRecord:
+    """The wiring record from what the startup hooks read (a pure function of its arguments):
+    ``target`` from the target model runner, ``aux`` the resolved capture config, ``draft`` what
+    the loaded draft expects, ``spec_args`` the speculative settings, ``sglang_version`` the
+    installed release (recorded; the diagnosis applies its layer-id rules)."""
+    from hs_tracer import sources
+
+    family = sources.family_of(target["architecture"])
+    captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family)
+    return WiringRecord(
+        model=os.path.basename(str(target.get("model_path", "")).rstrip("/")) or target["architecture"],
+        target_arch=target["architecture"],
+        num_layers=target["num_layers"],
+        hidden_size=target["hidden_size"],
+        layers_to_capture=target["layers_to_capture"],
+        sources=list(captured.sources),
+        configured_layer_ids=aux.get("layer_ids"),
+        draft_fc_in_features=draft.get("fc_in_features"),
+        draft_num_aux_states=draft.get("num_aux_hidden_states"),
+        draft_graph_width=draft.get("graph_width"),
+        use_aux_hidden_state=aux.get("use_aux_hidden_state"),
+        spec_args=dict(spec_args),
+        sglang_version=sglang_version,
+    )
 
 
 def _ranks() -> tuple[Ranks, bool]:

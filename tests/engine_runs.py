@@ -173,8 +173,18 @@ class Engines:
         self.ports: dict[str, int] = {}
 
     def __getitem__(self, name: str) -> EngineResult:
+        return self.run(name, ENGINES[name])
+
+    def run(self, name: str, spec: EngineSpec) -> EngineResult:
+        """The engine ``name``: one of :data:`ENGINES`, or an engine a test module needs beyond them
+        (e.g. an SGLang release's other EAGLE worker, chosen by ``spec.env``). Each name starts once;
+        a name always means the same spec."""
+        if ENGINES.get(name, spec) != spec:
+            raise ValueError(f"engine {name!r} is in ENGINES with another spec")
         if name not in self._results:
-            self._results[name] = self._run(name, ENGINES[name])
+            self._results[name] = self._run(name, spec)
+        elif self._results[name].spec != spec:
+            raise ValueError(f"engine {name!r} already ran with another spec")
         return self._results[name]
 
     @property

@@ -140,12 +140,29 @@ def generate(s: Server, payload: dict[str, Any], timeout_s: float = 240) -> list
     return s.worker.generate(payload, timeout_s)
 
 
-def reports(s: Server, settle_s: float = 3.0) -> list[dict[str, Any]]:
-    """The hs_tracer report of every scheduler process of ``s`` (after the recorder settled)."""
+def reports(s: Server, settle_s: float = 1.5, max_wait_s: float = 30.0) -> list[dict[str, Any]]:
+    """The hs_tracer report of every scheduler process of ``s``, once the recorders have caught up:
+    two reads ``settle_s`` apart with the same accept-length steps and windows (a recorder works off
+    its steps in the background; under a loaded host it can trail the engine by seconds)."""
     if s.report_dir is None:
         return []
-    time.sleep(settle_s)
-    return [json.loads(p.read_text()) for p in sorted(s.report_dir.glob("scheduler-*.json"))]
+
+    def read() -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted(s.report_dir.glob("scheduler-*.json"))]
+
+    def progress(reps: list[dict[str, Any]]) -> list[Any]:
+        return [((r.get("diagnosis") or {}).get("acceptance") or {}).get("steps") for r in reps] + [
+            (r.get("diagnosis") or {}).get("windows") for r in reps]
+
+    end = time.monotonic() + max_wait_s
+    last = read()
+    while time.monotonic() < end:
+        time.sleep(settle_s)
+        now = read()
+        if progress(now) == progress(last):
+            return now
+        last = now
+    return last
 
 
 def gpu_memory_mib(s: Server) -> int | None:
@@ -464,6 +481,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
                 generate(s, payload)
                 warm.append(time.perf_counter() - t0)
         step_s[bs] = median(warm) / new_tokens
+        time.sleep(1.0)  # hs_tracer's counters are flushed every 0.5 s: the warm-up's steps land first
         # the time left, shared over this and the remaining batch sizes by their planned cost
         cost = {b: 2 * PROD_PLAN[b][0] * PROD_PLAN[b][1] * step_s[b] for b in list(PROD_PLAN)[n:]}
         left = deadline - time.monotonic()
@@ -514,7 +532,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
     out["throughput"] = results
     out["gpu_memory_mib"] = {"off": gpu_memory_mib(off), "on": gpu_memory_mib(on)}
     out["final_metrics_host_overhead"] = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
-    out["schedulers"] = [_report_summary(r) for r in reports(on, 0)]
+    out["schedulers"] = [_report_summary(r) for r in reports(on)]
     return out
 
 

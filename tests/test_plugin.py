@@ -22,6 +22,14 @@ def run_python(code: str, **env: str) -> str:
     return out.stdout
 
 
+# Importing every hook target needs an sgl_kernel, which this CPU machine lacks (some releases,
+# e.g. 0.5.12, import it at module level): the CPU testbed's stand-in provides it.
+WITH_STAND_IN = """
+    from hs_tracer_testbed.runtime import launcher
+    launcher.prepare_process()
+"""
+
+
 LOAD = """
     import sys
     from sglang.srt.plugins import load_plugins, load_plugins_by_group, GENERAL_PLUGINS_GROUP
@@ -62,16 +70,92 @@ def test_invalid_settings_are_reported_not_raised(tmp_path) -> None:
 
 
 def test_version_guard_names_what_is_missing() -> None:
+    out = run_python(WITH_STAND_IN + """
+    import dataclasses
     from hs_tracer.integrations.sglang import versions
 
-    assert versions.problems() == []
-    bad = {"sglang.srt.speculative.eagle_worker.EAGLEWorker.forward": ()}
+    family = versions.installed_family()
+    assert family is not None and versions.problems() == [], versions.problems()
+    logits = next(h for h in family.hooks if h.target.endswith("LogitsProcessor.forward"))
+    bad = dataclasses.replace(family, hooks=(dataclasses.replace(logits, target=logits.target + "_gone"),))
     assert "missing" in versions.problems(bad)[0]
-    changed = {"sglang.srt.layers.logits_processor.LogitsProcessor.forward": ("no_such_arg",)}
+    changed = dataclasses.replace(family, hooks=(dataclasses.replace(logits, params=("no_such_arg",)),))
     assert "no longer takes no_such_arg" in versions.problems(changed)[0]
+    renamed = dataclasses.replace(family, scheduler_entry=(family.scheduler_entry[0], "run_scheduler_v2"),
+                                  hooks=())
+    assert "scheduler process entry" in versions.problems(renamed)[0]
+    print("ok", family.name)
+    """)
+    assert out.startswith("ok ")
 
 
-def test_every_hook_target_is_version_checked() -> None:
-    from hs_tracer.integrations.sglang import hooks, versions
+def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch) -> None:
+    # Without the entry the plugin is never called in a scheduler process: it must say so where it
+    # does run (launcher, tokenizer), reading SGLang's source without importing it.
+    import dataclasses
 
-    assert {target for target, _hook, _type in hooks.HOOKS} == set(versions.TARGETS)
+    from hs_tracer.integrations.sglang import plugin, versions
+
+    family = versions.installed_family()
+    assert plugin._entry_problem() is None
+    renamed = dataclasses.replace(family, scheduler_entry=(family.scheduler_entry[0], "run_scheduler_v2"))
+    monkeypatch.setattr(versions, "family_for", lambda _v: renamed)
+    assert "no scheduler entry sglang.srt.managers.scheduler.run_scheduler_v2" in plugin._entry_problem()
+    monkeypatch.setattr(versions, "family_for", lambda _v: None)
+    assert "not a supported release" in plugin._entry_problem()
+
+
+@pytest.mark.parametrize(("version", "family"), [
+    ("0.5.23", "0.5.23"), ("0.5.23.post1", "0.5.23"), ("0.5.12", "0.5.12"), ("0.5.12.post3", "0.5.12"),
+    ("0.5.22", None), ("0.5.230", None), ("0.5.23rc1", None), (None, None),
+])
+def test_release_families_accept_post_releases_only(version: str | None, family: str | None) -> None:
+    from hs_tracer.integrations.sglang import versions
+
+    found = versions.family_for(version)
+    assert (found.name if found else None) == family
+
+
+def test_every_hook_of_every_family_resolves_and_is_named_once() -> None:
+    import inspect
+    import pkgutil
+
+    from hs_tracer.integrations.sglang import versions
+
+    for family in versions.FAMILIES:
+        assert len({h.name for h in family.hooks}) == len(family.hooks), family.name
+        for hook in family.hooks:
+            handler = pkgutil.resolve_name(hook.handler)
+            assert inspect.isfunction(handler) and next(iter(inspect.signature(handler).parameters)) == "st"
+            assert hook.type in ("before", "after") and hook.worker in ("", *family.workers)
+
+
+def test_registered_hooks_are_the_installed_familys_under_their_names() -> None:
+    out = run_python(WITH_STAND_IN + """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from hs_tracer.integrations.sglang import plugin, versions
+    plugin._in_scheduler_process = lambda: True
+    plugin.register()
+    family = versions.installed_family()
+    assert sorted(HookRegistry._hooks) == sorted({h.target for h in family.hooks})
+    names = sorted(fn.__hs_tracer_where__ for hooks in HookRegistry._hooks.values()
+                   for _type, fn, _src in hooks)
+    assert names == sorted(h.name for h in family.hooks), names
+    print("ok", len(names))
+    """, HS_TRACER="1")
+    assert out.startswith("ok ")
+
+
+def test_a_post_release_passes_the_version_guard() -> None:
+    # V.post1 keeps V's internals: the guard checks that family's real targets and passes.
+    out = run_python(WITH_STAND_IN + """
+    from hs_tracer.integrations.sglang import versions
+    release = versions.installed_version()
+    versions.installed_version = lambda: release + ".post1"
+    assert versions.installed_family() is versions.family_for(release)
+    assert versions.problems() == [], versions.problems()
+    versions.installed_version = lambda: release + "rc1"
+    assert "not a supported release" in versions.problems()[0]
+    print("ok", release)
+    """)
+    assert out.startswith("ok ")

@@ -1,4 +1,5 @@
-"""The hooks hs_tracer registers in SGLang 0.5.23, one small function per concern.
+"""The hooks hs_tracer registers in SGLang's V2 EAGLE worker (0.5.23, and 0.5.12 beside its V1
+worker: :mod:`.hooks_v1`), one small function per concern.
 
 Startup (run once): what the target captures and what the draft expects -> a WiringRecord and the
 static findings. Capture metadata (graph capture / eager prefill only): which aux states the target
@@ -6,46 +7,62 @@ actually produced and how wide. Per step (Python, outside CUDA graphs): the fing
 draft's input before the draft extend, and the accept lengths after SGLang resolved them on the CPU.
 docs/architecture.md says why each target was chosen.
 
-Every hook runs under :func:`.state.guarded`: an exception inside hs_tracer switches tracing off
-instead of propagating into SGLang.
+Which SGLang target runs which function is the version table's (:mod:`.versions`); :data:`HOOKS`
+is the installed release's part of it, which the plugin registers. Every hook runs under
+:func:`.state.guarded` with its name from that table: an exception inside hs_tracer switches
+tracing off instead of propagating into SGLang.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import pkgutil
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from sglang.srt.plugins.hook_registry import HookType
 
 from hs_tracer.config import TracerConfig
-from hs_tracer.integrations.sglang import state
+from hs_tracer.integrations.sglang import state, versions
 from hs_tracer.integrations.sglang.draft_layout import read_draft
 from hs_tracer.integrations.sglang.state import TracerState
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def install_state(cfg: TracerConfig) -> None:
     state.install(cfg)
 
 
+def hook(fn: F) -> F:
+    """Guard ``fn`` under the name the version table gives the hook it runs as."""
+    return state.guarded(versions.hook_name(f"{fn.__module__}:{fn.__name__}"))(fn)
+
+
 # ---- startup ---------------------------------------------------------------------------------------
-@state.guarded("resolve_spec_aux_hidden_state_config")
+@hook
 def after_resolve_aux_config(st: TracerState, result: Any, *_args: Any, **kwargs: Any) -> None:
     """The target's resolved capture config, and the draft's config.json as SGLang read it."""
     if kwargs.get("is_draft_worker"):
         return
     st.aux = {
         "use_aux_hidden_state": bool(result.eagle_use_aux_hidden_state),
-        "layer_ids": _int_list(result.eagle_aux_hidden_state_layer_ids),
+        "layer_ids": int_list(result.eagle_aux_hidden_state_layer_ids),
     }
     draft_cfg = getattr(result, "draft_model_config", None)
     if draft_cfg is not None:
         st.draft_config = draft_cfg.hf_config.to_dict()
 
 
-@state.guarded("ModelRunner.init_attention_backends")
+@hook
 def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) -> None:
     """The target model and the layers it captures (set just before, by SGLang)."""
     if getattr(runner, "is_draft_worker", False):
         return
+    read_target(st, runner)
+
+
+def read_target(st: TracerState, runner: Any) -> None:
+    """The target model and the layers it captures, once SGLang has set them."""
     model = runner.model
     inner = getattr(model, "language_model", model)  # Kimi-K2.5 wraps the DeepSeek text model
     body = getattr(inner, "model", inner)
@@ -54,7 +71,7 @@ def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) ->
         "model_path": str(runner.model_config.model_path),
         "num_layers": int(runner.model_config.num_hidden_layers),
         "hidden_size": int(runner.model_config.hidden_size),
-        "layers_to_capture": _int_list(getattr(body, "layers_to_capture", None)) or [],
+        "layers_to_capture": int_list(getattr(body, "layers_to_capture", None)) or [],
         "capture_aux_hidden_states": bool(getattr(inner, "capture_aux_hidden_states", False)),
     }
     st.target_logits_processor = getattr(inner, "logits_processor", None)
@@ -63,11 +80,16 @@ def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) ->
     st.write_report()
 
 
-@state.guarded("EagleDraftWorker.init_lm_head")
+@hook
 def after_init_lm_head(st: TracerState, _result: Any, worker: Any) -> None:
     """What the loaded draft expects: fc input width, number of aux states, norms, vocab map
     (read per draft class: draft_layout.py)."""
     st.draft = read_draft(worker.draft_runner.model)
+    read_spec_args(st, worker)
+
+
+def read_spec_args(st: TracerState, worker: Any) -> None:
+    """The worker's speculative settings (the same attributes on the V1 and V2 workers)."""
     st.spec_args = {
         "speculative_algorithm": str(worker.speculative_algorithm.name),
         "speculative_num_steps": int(worker.speculative_num_steps),
@@ -76,9 +98,14 @@ def after_init_lm_head(st: TracerState, _result: Any, worker: Any) -> None:
     }
 
 
-@state.guarded("EagleDraftWorker.init_cuda_graphs")
+@hook
 def after_init_draft_cuda_graphs(st: TracerState, _result: Any, worker: Any, *_a: Any, **_k: Any) -> None:
     """Last startup step: the draft-extend graph width exists now; build the wiring record."""
+    finish_startup(st, worker)
+
+
+def finish_startup(st: TracerState, worker: Any) -> None:
+    """The draft-extend graph's input width (None without CUDA graphs), then the wiring record."""
     runner = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
     buffers = getattr(runner, "buffers", None)
     hidden = getattr(buffers, "hidden_states", None)
@@ -87,7 +114,7 @@ def after_init_draft_cuda_graphs(st: TracerState, _result: Any, worker: Any, *_a
 
 
 # ---- capture metadata (graph capture and eager prefill; not per step under CUDA graphs) ------------
-@state.guarded("DeepseekV2Model.forward")
+@hook
 def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, **_kwargs: Any) -> None:
     """Which layers the target actually captured, in the order it appended them, and the width."""
     if st.capture_seen >= st.CAPTURE_SAMPLES or not isinstance(result, tuple):
@@ -97,7 +124,7 @@ def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, 
     st.note_capture(order, int(result[1].shape[-1]))
 
 
-@state.guarded("LogitsProcessor.forward")
+@hook
 def after_logits_forward(st: TracerState, result: Any, processor: Any, *_args: Any, **_kwargs: Any) -> None:
     """The width of the features the target's logits processor hands on to the draft."""
     if st.handoff_widths_seen >= st.CAPTURE_SAMPLES or processor is not st.target_logits_processor:
@@ -108,7 +135,7 @@ def after_logits_forward(st: TracerState, result: Any, processor: Any, *_args: A
 
 
 # ---- per step --------------------------------------------------------------------------------------
-@state.guarded("EagleDraftWorker._draft_extend_for_decode")
+@hook
 def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, batch_result: Any,
                                    *_a: Any, **_k: Any) -> None:
     """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
@@ -117,7 +144,7 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, b
         st.steps.observe_decode(batch_result.logits_output.hidden_states, batch_result)
 
 
-@state.guarded("EagleDraftWorker._draft_extend_for_prefill")
+@hook
 def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
                                     target_hidden_states: Any, next_token_ids: Any = None,
                                     *_a: Any, **_k: Any) -> None:
@@ -128,7 +155,7 @@ def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
     st.capture_prefill(batch, target_hidden_states, next_token_ids)
 
 
-@state.guarded("SchedulerBatchResultProcessor._resolve_spec_v2_tokens")
+@hook
 def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any, result: Any,
                                  batch: Any) -> None:
     """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step that
@@ -151,26 +178,15 @@ def _device(runner: Any) -> Any:
     return device
 
 
-def _int_list(values: Any) -> list[int] | None:
+def int_list(values: Any) -> list[int] | None:
     return None if values is None else [int(v) for v in values]
 
 
-_RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
-_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
-_RESULTS = (
-    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
-)
-_AUX = "sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state"
+def _installed_hooks() -> list[tuple[str, Any, HookType]]:
+    """(target, guarded hook, type) of the installed release's family (the newest without one)."""
+    family = versions.installed_family() or versions.FAMILIES[0]
+    return [(h.target, pkgutil.resolve_name(h.handler), HookType(h.type)) for h in family.hooks]
 
-# (target, hook, type): the full set registered by the plugin. Targets are checked by versions.py.
-HOOKS: list[tuple[str, Any, HookType]] = [
-    (f"{_AUX}.resolve_spec_aux_hidden_state_config", after_resolve_aux_config, HookType.AFTER),
-    (f"{_RUNNER}.init_attention_backends", after_init_attention_backends, HookType.AFTER),
-    (f"{_DRAFT}.init_lm_head", after_init_lm_head, HookType.AFTER),
-    (f"{_DRAFT}.init_cuda_graphs", after_init_draft_cuda_graphs, HookType.AFTER),
-    ("sglang.srt.models.deepseek_v2.DeepseekV2Model.forward", after_target_forward, HookType.AFTER),
-    ("sglang.srt.layers.logits_processor.LogitsProcessor.forward", after_logits_forward, HookType.AFTER),
-    (f"{_DRAFT}._draft_extend_for_decode", before_draft_extend_for_decode, HookType.BEFORE),
-    (f"{_DRAFT}._draft_extend_for_prefill", before_draft_extend_for_prefill, HookType.BEFORE),
-    (f"{_RESULTS}._resolve_spec_v2_tokens", after_resolve_spec_v2_tokens, HookType.AFTER),
-]
+
+# The full set the plugin registers (testbed runtimes may wrap entries in place).
+HOOKS: list[tuple[str, Any, HookType]] = _installed_hooks()

@@ -2,19 +2,20 @@
 
 With ``HS_TRACER`` unset this module imports nothing beyond the standard library and registers
 nothing. With ``HS_TRACER=1`` it checks the installed SGLang against :mod:`.versions` and registers
-the hooks of :mod:`.hooks` through SGLang's own ``HookRegistry``.
+the hooks its release family lists there (:data:`.hooks.HOOKS`) through SGLang's own
+``HookRegistry``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
+from pathlib import Path
 
 from hs_tracer import config
-
-# Where SGLang 0.5.23 starts a scheduler process (module, function); it calls load_plugins() there.
-SCHEDULER_ENTRY = ("sglang.srt.managers.scheduler", "run_scheduler_process")
+from hs_tracer.integrations.sglang import versions
 
 logger = logging.getLogger("hs_tracer")
 
@@ -23,25 +24,49 @@ def register() -> None:
     """Entry point. Never raises: a broken tracer must not stop SGLang from starting."""
     if not config.enabled(os.environ):
         return
-    if not _in_scheduler_process():
-        # The launcher, tokenizer and detokenizer processes run no model: nothing to trace there,
-        # and importing the hook targets would only slow their start.
-        return
     try:
+        if not _in_scheduler_process():
+            # The launcher, tokenizer and detokenizer processes run no model: nothing to trace there,
+            # and importing the hook targets would only slow their start. Say so here if no
+            # scheduler process will ever reach the plugin.
+            problem = _entry_problem()
+            if problem:
+                logger.warning("hs_tracer: tracing stays off: %s", problem)
+            return
         _register()
     except Exception:  # the plugin must never take serving down
         logger.exception("hs_tracer: failed to register, tracing stays off")
 
 
 def _in_scheduler_process() -> bool:
-    """SGLang calls ``load_plugins()`` first thing in ``run_scheduler_process``: look for that frame."""
+    """SGLang calls ``load_plugins()`` first thing in its scheduler entry: look for that frame."""
     frame = sys._getframe(1)
     while frame is not None:
-        if (frame.f_code.co_name == SCHEDULER_ENTRY[1]
-                and frame.f_globals.get("__name__") == SCHEDULER_ENTRY[0]):
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in versions.SCHEDULER_ENTRIES:
             return True
         frame = frame.f_back
     return False
+
+
+def _entry_problem() -> str | None:
+    """Why no scheduler process of the installed SGLang would register hooks, without importing it:
+    an unsupported release, or a scheduler entry that its source no longer defines."""
+    version = versions.installed_version()
+    if version is None:
+        return None
+    family = versions.family_for(version)
+    if family is None:
+        return f"sglang {version} is not a supported release ({', '.join(versions.SUPPORTED_VERSIONS)})"
+    module, function = family.scheduler_entry
+    try:
+        origin = getattr(importlib.util.find_spec(module), "origin", None)
+        source = Path(origin).read_text(encoding="utf-8") if origin else ""
+    except (ImportError, OSError):
+        source = ""
+    if f"def {function}(" not in source:
+        return (f"sglang {version} has no scheduler entry {module}.{function}, where hs_tracer expects "
+                "SGLang to load plugins in each scheduler process")
+    return None
 
 
 def _register() -> None:
@@ -53,10 +78,9 @@ def _register() -> None:
         return
     logger.setLevel(cfg.log_level)
 
-    from hs_tracer.integrations.sglang import versions
-
     found = versions.problems()
-    if found:
+    family = versions.installed_family()
+    if found or family is None:
         logger.warning("hs_tracer: tracing stays off for this SGLang: %s", "; ".join(found))
         return
 
@@ -67,4 +91,4 @@ def _register() -> None:
     hooks.install_state(cfg)
     for target, hook, hook_type in hooks.HOOKS:
         HookRegistry.register(target, hook, hook_type)
-    logger.info("hs_tracer: %d hooks registered", len(hooks.HOOKS))
+    logger.info("hs_tracer: %d hooks registered for sglang %s", len(hooks.HOOKS), family.name)

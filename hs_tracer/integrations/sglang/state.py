@@ -243,7 +243,8 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
     from hs_tracer import sources
 
     family = sources.family_of(target["architecture"])
-    captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family)
+    captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family,
+                                      sglang_version=sglang_version or None)
     return WiringRecord(
         model=os.path.basename(str(target.get("model_path", "")).rstrip("/")) or target["architecture"],
         target_arch=target["architecture"],

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -195,15 +195,16 @@ class StepPath:
 
     # ---- results (after _resolve_spec_v2_tokens) ---------------------------------------------------
     def record(self, result: Any, reqs: Sequence[Any], accept_lens: Any, num_draft_tokens: int,
-               max_accept_length: int | None) -> bool:
+               max_accept_length: int | None, settled: Callable[[Any], bool] = request_settled) -> bool:
         """Hand over the step ``result`` belongs to (scheduler thread). ``accept_lens``: SGLang's CPU
-        tensor or a sequence, kept by reference. False when every request was already finished or
-        retracted (no verify step)."""
+        tensor or a sequence, kept by reference. ``settled``: which requests SGLang committed (the V2
+        rule by default; the V1 worker commits every request it verified). False when none was (no
+        verify step)."""
         started = time.perf_counter()
         if self.outbox:
             self._deliver_events()
         step = getattr(result, STEP_ATTR, None)
-        skip = tuple(i for i, r in enumerate(reqs) if r.is_retracted or r.finished())
+        skip = tuple(i for i, r in enumerate(reqs) if not settled(r))
         if len(skip) == len(reqs):  # only requests finished or retracted before this step
             self._host_s += time.perf_counter() - started
             return False

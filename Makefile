@@ -20,6 +20,11 @@ RELEASE_PINS := $(wildcard requirements/sglang-$(SGLANG).txt)
 # plugin registering the release family's hooks, and the layer-id rules. (0.5.12 cannot serve
 # EAGLE-3 on this CPU machine: docs/versions.md.)
 RELEASE_TESTS := tests/test_plugin.py tests/test_sources.py
+# A fault injected into every hook of the release's family, on its real classes through SGLang's
+# real HookRegistry (no engine). Importing every target of an older release needs an sgl_kernel: the
+# CPU testbed's stand-in (its patches stay off without the testbed's runtime flag).
+RELEASE_FAULTS := tests/test_hook_faults.py::test_fault_in_a_hook_never_reaches_sglang
+STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
 
 .PHONY: demo test test-fast lint venv lock clean
 
@@ -55,6 +60,7 @@ ifneq ($(origin SGLANG),command line)
 endif
 else
 	$(BIN)/python -m pytest $(RELEASE_TESTS)
+	PYTHONPATH=$(STAND_IN) $(BIN)/python -m pytest $(RELEASE_FAULTS)
 endif
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).

@@ -12,8 +12,9 @@ Run in a release's virtualenv, it checks that release's own hooks in its own eng
   (the newest family's hooks are faulted in tests/test_hook_faults.py and on the engine by
   test_engine_eagle.py) leaves the tokens unchanged and switches tracing off.
 
-The default worker's engine is the suite's shared ``correct`` engine, so on the newest release this
-module starts no engine of its own.
+On the newest release the engines are the suite's shared ``correct``, ``ids_shifted`` and
+``untraced`` ones, so there this module starts no engine of its own; an older release gets its own
+(without capture: the capture sink reads a prefill helper that older releases lack).
 """
 
 from __future__ import annotations
@@ -48,10 +49,16 @@ FAULTS = _fault_cases()
 
 
 def _worker_engine(engines, worker: str) -> EngineResult:
-    if worker == WORKERS[0]:
+    if FAMILY is NEWEST and worker == WORKERS[0]:
         return engines["correct"]
     env = tuple(FAMILY.worker_env.get(worker, {}).items())
     return engines.run(f"correct:{worker}", EngineSpec("testbed", ("lossless", "diagnosis"), env=env))
+
+
+def _ids_shifted(engines) -> EngineResult:
+    if FAMILY is NEWEST:
+        return engines["ids_shifted"]
+    return engines.run("ids_shifted:release", EngineSpec("ids_shifted", ("diagnosis",)))
 
 
 @pytest.mark.parametrize("worker", WORKERS)
@@ -69,7 +76,7 @@ def test_each_worker_is_traced_without_changing_tokens(engines, worker: str) -> 
 
 
 def test_layer_id_rule_of_the_installed_release_through_the_engine(engines) -> None:
-    report = engines["ids_shifted"].report
+    report = _ids_shifted(engines).report
     n, ids = report["target"]["num_layers"], report["wiring"]["configured_layer_ids"]
     version = versions.installed_version()
     want = sources.sglang_sources(ids, sources.Family.DEEPSEEK, n, sglang_version=version)

@@ -322,6 +322,9 @@ def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.M
     reqs = [Req(f"r{i}", "", array("i", [1, 2, 3]), SamplingParams(max_new_tokens=8)) for i in range(4)]
     reqs[1].finished_reason = FINISH_LENGTH(8)
     reqs[2].is_retracted = True
+    # the step path reads finished_reason itself: it must mean what SGLang's finished() means
+    finished = [r.finished() for r in reqs]
+    assert finished == [r.finished_reason is not None for r in reqs] == [False, True, False, False]
     monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
     from hs_tracer.integrations.sglang.steps import StepPath
     from hs_tracer.records import Ranks

@@ -65,8 +65,9 @@ fast large steps close one every few steps, not every step."""
 
 
 def request_settled(req: Any) -> bool:
-    """Whether SGLang's ``_resolve_spec_v2_tokens`` commits this request's accept length this step."""
-    return not (req.is_retracted or req.finished())
+    """Whether SGLang's ``_resolve_spec_v2_tokens`` commits this request's accept length this step
+    (``req.finished()`` is ``finished_reason is not None``; the step path reads the attribute)."""
+    return not (req.is_retracted or req.finished_reason is not None)
 
 
 class PendingStep(NamedTuple):
@@ -77,7 +78,7 @@ class PendingStep(NamedTuple):
     time_unix_ns: int
     accept_lens: Any  # SGLang's CPU tensor (fresh every step, never written again) or a list
     reqs: tuple[Any, ...]
-    skip: tuple[int, ...]  # indices of requests finished or retracted before this step
+    skip: list[int]  # indices of requests finished or retracted before this step
     num_draft_tokens: int
     max_accept_length: int | None
     input_width: int | None
@@ -204,7 +205,10 @@ class StepPath:
         if self.outbox:
             self._deliver_events()
         step = getattr(result, STEP_ATTR, None)
-        skip = tuple(i for i, r in enumerate(reqs) if not settled(r))
+        if settled is request_settled:  # the same test, one Python call less per request
+            skip = [i for i, r in enumerate(reqs) if r.is_retracted or r.finished_reason is not None]
+        else:
+            skip = [i for i, r in enumerate(reqs) if not settled(r)]
         if len(skip) == len(reqs):  # only requests finished or retracted before this step
             self._host_s += time.perf_counter() - started
             return False

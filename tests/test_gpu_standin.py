@@ -348,8 +348,9 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
     (prefix included), so the padding rows reach the draft extend. On the H200 (TP=2, attention DP 2)
     they went into DP rank 0's windows and every slot read "unknown". SGLang's own
     ``post_forward_mlp_sync_batch`` shows the padding surviving; hs_tracer now fingerprints only the
-    requests' extend rows."""
+    requests' extend rows, and skips an idle rank's batch."""
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     from hs_tracer.config import TracerConfig
@@ -382,14 +383,18 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
     probe = FingerprintProbe(k, h, "cpu")
     st.steps = StepPath(probe, probe, 1 << 30, Ranks(), 64)  # nothing is recorded here
     cases = [([0, 0], [3, 5], 8),  # no cached prefix: SGLang trims to the real rows itself
-             ([9, 9], [2, 2], padded),  # cached prefixes: SGLang keeps the padding rows
-             ([], [], 0)]  # an idle rank: no rows
+             ([9, 9], [2, 2], padded)]  # cached prefixes: SGLang keeps the padding rows
     for prefix, extend, rows in cases:
         features = target_prefill(prefix, extend)
         assert features.shape[0] == rows
         batch = types.SimpleNamespace(prefix_lens=prefix, extend_lens=extend)
         hooks.before_draft_extend_for_prefill(None, batch, features)
-    assert st.hook_errors == 0
+    # An idle rank runs the prefill path too while another rank prefills; its batch (SGLang's own
+    # idle ScheduleBatch) has no prefix_lens. On the H200 this raised in the hook and switched
+    # tracing off on DP rank 0.
+    idle = ScheduleBatch(reqs=[], forward_mode=ForwardMode.IDLE)
+    hooks.before_draft_extend_for_prefill(None, idle, torch.zeros(0, k * h, dtype=torch.float64))
+    assert st.hook_errors == 0 and st.enabled
     probe.end_window()
     window = probe.read_window()
     assert window is not None

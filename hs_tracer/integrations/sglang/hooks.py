@@ -148,8 +148,10 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, b
 def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
                                     target_hidden_states: Any, next_token_ids: Any = None,
                                     *_a: Any, **_k: Any) -> None:
-    """The [extend_tokens, K*H] features of a prefill (and, when capturing, a sampled copy)."""
-    if st.steps is None:
+    """The [extend_tokens, K*H] features of a prefill (and, when capturing, a sampled copy). An idle
+    DP-attention rank runs this too while another rank prefills: its batch has no requests (and no
+    ``prefix_lens``), so there is nothing to observe."""
+    if st.steps is None or batch.prefix_lens is None:
         return
     st.steps.observe_prefill(target_hidden_states, batch.prefix_lens, batch.extend_lens)
     st.capture_prefill(batch, target_hidden_states, next_token_ids)

@@ -649,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", type=Path)
     ap.add_argument("--profile", type=Path)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--servers", help="only these engines of the chosen parts (comma-separated names)")
     ap.add_argument("--deadline-s", type=float, default=0,
                     help="end the prod part's measurements this many seconds after the start (0: none); "
                          "pairs per batch size shrink to fit, to no fewer than 3")
@@ -677,6 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     models = write_models(work / "prodwidth")
     plan = {"testbed": testbed_servers(target, draft, shifted, profile, args.tp),
             "prod": prod_servers(models, args.tp), "radix": radix_servers(target) if args.tp == 1 else []}
+    if args.servers:
+        keep = set(args.servers.split(","))
+        plan = {part: [s for s in servers if s.name in keep] for part, servers in plan.items()}
     if args.dry_run:
         for part in parts:
             for i, s in enumerate(plan[part]):

@@ -159,3 +159,25 @@ def test_a_post_release_passes_the_version_guard() -> None:
     print("ok", release)
     """)
     assert out.startswith("ok ")
+
+
+def test_draft_layouts_name_only_attributes_the_installed_release_sets() -> None:
+    # A norm the layout names but the release's draft class never sets would switch tracing off at
+    # startup (0.5.12's LlamaForCausalLMEagle3 has no input_norm); read from the real classes' source.
+    out = run_python(WITH_STAND_IN + """
+    import inspect, pkgutil
+    from hs_tracer.integrations.sglang import draft_layout, versions
+    layouts = draft_layout.RELEASE_LAYOUTS.get(versions.release_of(versions.installed_version()),
+                                               draft_layout.LAYOUTS)
+    modules = {"LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3",
+               "Eagle3DeepseekV2ForCausalLM": "sglang.srt.models.kimi_k25_eagle3"}
+    for arch, layout in layouts.items():
+        try:
+            source = inspect.getsource(pkgutil.resolve_name(modules[arch]))
+        except ImportError:  # the release does not ship this draft class
+            continue
+        for name in (*layout.norms, "num_aux_hidden_states"):
+            assert f"self.{name} =" in source, (arch, name)
+    print("ok", sorted(layouts))
+    """)
+    assert out.startswith("ok ")

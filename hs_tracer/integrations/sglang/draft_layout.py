@@ -33,14 +33,24 @@ LAYOUTS: dict[str, DraftLayout] = {
     "Eagle3DeepseekV2ForCausalLM": DraftLayout(fc_width="input_size", norms=("fc_norm",)),
 }
 
+# SGLang 0.5.12's classes differ: its LlamaForCausalLMEagle3 has fc_norm but no input_norm attribute
+# at all, and its Eagle3DeepseekV2ForCausalLM (an nn.Linear fc, no fc_norm, no num_aux_hidden_states)
+# is read leniently.
+RELEASE_LAYOUTS: dict[str, dict[str, DraftLayout]] = {
+    "0.5.12": {"LlamaForCausalLMEagle3": DraftLayout(fc_width="in_features", norms=("fc_norm",))},
+}
+
 _ALL_NORMS = ("input_norm", "fc_norm")
 _WIDTH_ATTRS = ("in_features", "input_size")
 
 
 def read_draft(draft: Any) -> dict[str, Any]:
-    """The draft's fc input width, aux-state count, norms and draft vocabulary size."""
+    """The draft's fc input width, aux-state count, norms and draft vocabulary size (the installed
+    SGLang release's layout of the draft's class)."""
+    from hs_tracer.integrations.sglang.versions import installed_version, release_of
+
     arch = type(draft).__name__
-    layout = LAYOUTS.get(arch)
+    layout = RELEASE_LAYOUTS.get(release_of(installed_version() or ""), LAYOUTS).get(arch)
     body = draft.model
     fc = body.fc
     if layout is not None:

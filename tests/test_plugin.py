@@ -181,3 +181,23 @@ def test_draft_layouts_name_only_attributes_the_installed_release_sets() -> None
     print("ok", sorted(layouts))
     """)
     assert out.startswith("ok ")
+
+
+def test_ranks_and_role_where_sglang_has_no_runtime_context() -> None:
+    # 0.5.12 has no sglang.srt.runtime_context: the ranks come from parallel_state/dp_attention and
+    # the role from the server args (a failure here would switch tracing off at startup).
+    out = run_python(WITH_STAND_IN + """
+    import importlib.util
+    from hs_tracer.integrations.sglang import state
+    from hs_tracer.records import Ranks
+    if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
+        print("ok runtime context")
+    else:
+        from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu",
+                                                        disaggregation_mode="prefill"))
+        assert state._role() == "prefill", state._role()
+        assert state._ranks() == (Ranks(), True), state._ranks()  # no parallel groups: rank 0
+        print("ok parallel_state")
+    """)
+    assert out.startswith("ok ")

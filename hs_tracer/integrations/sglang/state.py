@@ -266,7 +266,10 @@ def _ranks() -> tuple[Ranks, bool]:
     """This process's ranks, and whether it emits (attention-TP rank 0 only: TP ranks see the same
     tensors). Read lazily: SGLang publishes them after the plugin loads. ``dp_rank`` is None
     without a DP controller."""
-    from sglang.srt.runtime_context import get_parallel
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:  # releases before SGLang's runtime context (0.5.12)
+        return _ranks_before_runtime_context()
 
     par = get_parallel()
 
@@ -280,6 +283,23 @@ def _ranks() -> tuple[Ranks, bool]:
     return ranks, rank("attn_tp_rank") == 0
 
 
+def _ranks_before_runtime_context() -> tuple[Ranks, bool]:
+    """:func:`_ranks` on releases whose ranks live in ``parallel_state`` / ``dp_attention`` (0.5.12);
+    their scheduler keeps the replica index in its ``dp_rank`` argument only, so it reads as 0."""
+    from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.layers import dp_attention as dpa
+
+    def rank(read: Any) -> int:
+        try:
+            return int(read() or 0)
+        except (AssertionError, AttributeError, RuntimeError):  # not initialised in this configuration
+            return 0
+
+    ranks = Ranks(tp=rank(ps.get_tensor_model_parallel_rank), pp=rank(ps.get_pipeline_model_parallel_rank),
+                  dp=0, attn_dp=rank(dpa.get_attention_dp_rank))
+    return ranks, rank(dpa.get_attention_tp_rank) == 0
+
+
 def _tail_tokens(batch: Any, next_token_ids: Any) -> Any:
     """The token SGLang's draft extend appends after each request's prompt rows (for a non-final
     chunk of a chunked prefill: the next prompt token), computed by SGLang's own helper."""
@@ -290,8 +310,12 @@ def _tail_tokens(batch: Any, next_token_ids: Any) -> Any:
 
 def _role() -> str:
     """This instance's role under prefill/decode disaggregation (``--disaggregation-mode``)."""
-    from sglang.srt.runtime_context import get_disagg
+    try:
+        from sglang.srt.runtime_context import get_disagg
+    except ImportError:  # releases before SGLang's runtime context (0.5.12): the server args
+        from sglang.srt.server_args import get_global_server_args
 
+        return str(getattr(get_global_server_args(), "disaggregation_mode", None) or "null")
     return str(getattr(get_disagg(), "disaggregation_mode", None) or "null")
 
 

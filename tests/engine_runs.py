@@ -24,8 +24,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,27 +274,8 @@ def count_starts(log: Path) -> dict[str, int]:
 
 
 # ---- the engine process ----------------------------------------------------------------------------
-@contextmanager
-def _output_to(log: Path) -> Iterator[None]:
-    """SGLang's output (this process and the scheduler processes, which inherit the descriptors)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(log, "ab") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in zip((1, 2), saved, strict=True):
-            os.dup2(copy, fd)
-            os.close(copy)
-
-
 def _serve(job: dict[str, Any]) -> dict[str, Any]:
-    from hs_tracer_testbed.demo import read_reports, settled_reports
+    from hs_tracer_testbed.demo import output_to, read_reports, settled_reports
     from hs_tracer_testbed.runtime.launcher import engine
 
     work = Path(job["work"])
@@ -304,7 +283,7 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
     report_dir = Path(job["env"].get("HS_TRACER_REPORT_DIR", work / "reports"))
     shape = {k: v for k, v in job["engine"].items() if v is not None} if job["draft"] else {}
     workloads: dict[str, dict[str, Any]] = {}
-    with _output_to(work / "engine.log"), engine(job["target"], job["draft"], env=job["env"], **shape) as eng:
+    with output_to(work / "engine.log"), engine(job["target"], job["draft"], env=job["env"], **shape) as eng:
         for wl in job["workloads"]:
             key = "prompt" if isinstance(wl["prompts"][0], str) else "input_ids"
             sampling = {"temperature": 0.0, "max_new_tokens": wl["max_new_tokens"],

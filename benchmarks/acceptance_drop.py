@@ -78,7 +78,9 @@ def generate(args):
         runs["healthy_heldout_2"] = per_request(target, draft, held2, [1, 3, 4], n, EOS_ID)
         runs["other_domain"] = per_request(target, draft, other, [1, 3, 4], n, EOS_ID)
         few = held[: args.prompts]
-        runs["ids_shifted"] = per_request(target, draft, few, [-1, 2, 3], n, EOS_ID)
+        # the testbed's ids one lower, [0, 2, 3]: no longer starting at 1, so SGLang's DeepSeek rule
+        # adds nothing and captures the embedding and blocks 2 and 3 (C_out -1, 1, 2)
+        runs["ids_shifted"] = per_request(target, draft, few, [-1, 1, 2], n, EOS_ID)
         draft.d2t.copy_(torch.as_tensor(regenerated_d2t(tb)))
         runs["d2t_regenerated"] = per_request(target, draft, few, [1, 3, 4], n, EOS_ID)
         draft.d2t.zero_()

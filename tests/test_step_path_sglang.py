@@ -94,12 +94,12 @@ res_n = decode(worker, batch_n, 2 * NDT, 1.0)                 # launch N
 prefill = ScheduleBatch(reqs=[c], prefix_lens=[0], extend_lens=[5])
 prefill.input_ids = torch.arange(5)
 hooks.before_draft_extend_for_prefill(worker, prefill, torch.full((5, K * H), 7.0), torch.tensor([9]))
-b.finished_reason = FINISH_LENGTH(length=8)                     # b finished while N+1 was launched
-batch_n1 = ScheduleBatch(reqs=[a, b, c])
-res_n1 = decode(worker, batch_n1, 3 * NDT, 2.0)               # launch N+1
+b.finished_reason = FINISH_LENGTH(length=8)                     # b finished by result N-1
+batch_n1 = ScheduleBatch(reqs=[a, c])                          # N+1: b filtered out, c merged
+res_n1 = decode(worker, batch_n1, 2 * NDT, 2.0)               # launch N+1
 resolve(batch_n.copy(), res_n, [3, 2])                         # process N (b finished: skipped)
 c.is_retracted = True
-resolve(batch_n1.copy(), res_n1, [4, 1, 2])                    # process N+1 (b, c skipped)
+resolve(batch_n1.copy(), res_n1, [4, 2])                       # process N+1 (c retracted: skipped)
 recs = st.steps.take()                                         # the recorder thread's side
 out["records"] = [{"step": r.step, "rids": r.request_ids, "lengths": r.accept_lengths,
                    "rows": r.digest.tokens if r.digest else None,
@@ -180,10 +180,10 @@ def child() -> dict[str, Any]:
 def test_overlap_order_joins_each_record_to_its_own_step(child) -> None:
     n, n1 = child["records"]
     assert (n["step"], n1["step"]) == (1, 2)
-    # Each record's digest is its own step's: 2 requests x 4 rows of 1.0, 3 x 4 rows of 2.0; the
+    # Each record's digest is its own step's: 2 requests x 4 rows of 1.0, 2 x 4 rows of 2.0; the
     # prefill launched in between (rows of 7.0) is in neither.
     assert (n["rows"], n["mean"]) == (8, 1.0)
-    assert (n1["rows"], n1["mean"]) == (12, 2.0)
+    assert (n1["rows"], n1["mean"]) == (8, 2.0)
 
 
 def test_finished_and_retracted_requests_are_not_counted(child) -> None:
@@ -204,9 +204,9 @@ def test_probes_are_built_and_warmed_at_startup(child) -> None:
 
 
 def test_window_leaves_out_position_0(child) -> None:
-    """8 + 12 decode rows and the prefill's 5 prompt rows from position 0, of which four are kept."""
-    assert child["prefill_window_rows"] == 8 + 12 + 4
-    assert child["prefill_window_mean"] == pytest.approx((8 * 1.0 + 12 * 2.0 + 4 * 7.0) / 24)
+    """8 + 8 decode rows and the prefill's 5 prompt rows from position 0, of which four are kept."""
+    assert child["prefill_window_rows"] == 8 + 8 + 4
+    assert child["prefill_window_mean"] == pytest.approx((8 * 1.0 + 8 * 2.0 + 4 * 7.0) / 20)
 
 
 def test_chunked_prefill_capture_records_the_next_prompt_token(child) -> None:

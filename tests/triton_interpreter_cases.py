@@ -206,7 +206,7 @@ def test_step_launcher_ring_and_graph_promotion(kernel, rng) -> None:
         for _ in range(2):
             ring.note(99, rows)
             launcher.launch(static[:rows], rows)
-    assert launcher.captures == 3 and launcher.graphs == 2
+    assert launcher.captures == 3 and launcher.graphs == 2 and len(launcher.replays_by_key) == 2
     ring.drain()
     # Landed but unread rows whose reuse is already noted (the producer a whole ring ahead, those
     # launches still in flight) count as dropped; the in-flight ones are read once they land.

@@ -2,13 +2,17 @@
 
 A kernel launch through Triton's launcher costs the scheduler thread ~10 µs (argument marshalling
 for 25 arguments, the stream lookup, the driver call); replaying a CUDA graph that holds the same
-launch costs one driver call. A graph freezes the kernel's arguments, the input's address among
-them, so one graph serves one (address, rows, strides, dtype). That is exactly what SGLang's decode
-gives the probe: the draft input is the target's CUDA-graph output, whose address is fixed per
-batch-size bucket, so a handful of graphs cover a whole serving run. An input seen
-``promote_after`` times gets its graph; anything else (eager mode, a fresh allocation each step) is
-launched directly. The digest row is picked on the device (``kernel.RingTarget``), so a replayed
-launch still fills the next row of the ring.
+launch costs one driver call. The replay calls the driver's ``cuGraphLaunch`` on the graph's
+executable with the current stream directly (3.4-3.6 µs on the H200 host against 4.9 µs for
+``torch.cuda.CUDAGraph.replay``, which adds a device guard and its Python binding), falling back to
+``replay`` where the driver library or the handle is not to be had.
+
+A graph freezes the kernel's arguments, the input's address among them, so one graph serves one
+(address, rows, strides, dtype). That is exactly what SGLang's decode gives the probe: the draft input
+is the target's CUDA-graph output, whose address is fixed per batch-size bucket, so a handful of graphs
+cover a whole serving run. An input seen ``promote_after`` times gets its graph; anything else (eager
+mode, a fresh allocation each step) is launched directly. The digest row is picked on the device
+(``kernel.RingTarget``), so a replayed launch still fills the next row of the ring.
 """
 
 from __future__ import annotations
@@ -29,6 +33,48 @@ class Replayable(Protocol):
 
 
 Capture = Callable[[Callable[[], None]], Replayable]
+Key = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype]
+
+
+def launch_key(x: torch.Tensor) -> Key:
+    """What a captured launch freezes of its input: address, shape, strides, dtype."""
+    return (x.data_ptr(), x.shape, x.stride(), x.dtype)
+
+
+def _driver_graph_launch() -> Callable[[int, int], int] | None:
+    """``cuGraphLaunch(exec, stream)`` of the CUDA driver this process already loaded, or None."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuGraphLaunch
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class GraphLaunch:
+    """A captured one-kernel graph; :attr:`replay` launches it on the current stream (:attr:`raw`:
+    through ``cuGraphLaunch``)."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, device_index: int) -> None:
+        self.graph = graph  # owns the executable the raw launch uses
+        self.replay: Callable[[], None] = graph.replay
+        self.raw = False
+        launch = _driver_graph_launch()
+        handle = getattr(graph, "raw_cuda_graph_exec", None)
+        if launch is None or handle is None:
+            return
+        exec_ = handle()
+        stream_of = torch._C._cuda_getCurrentRawStream
+
+        def replay() -> None:
+            if launch(exec_, stream_of(device_index)):
+                raise RuntimeError("cuGraphLaunch failed for the fingerprint graph")
+
+        self.replay = replay
+        self.raw = True
 
 
 def cuda_graph_capture(device: torch.device) -> Capture:
@@ -36,8 +82,9 @@ def cuda_graph_capture(device: torch.device) -> Capture:
     while capturing, and ``thread_local`` mode leaves other threads' CUDA calls alone."""
     stream = torch.cuda.Stream(device)
     pool = torch.cuda.graph_pool_handle()
+    index = device.index if device.index is not None else torch.cuda.current_device()
 
-    def capture(launch: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    def capture(launch: Callable[[], None]) -> GraphLaunch:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
@@ -45,7 +92,7 @@ def cuda_graph_capture(device: torch.device) -> Capture:
                 launch()
             finally:
                 graph.capture_end()
-        return graph
+        return GraphLaunch(graph, index)
 
     return capture
 
@@ -55,6 +102,8 @@ class StepLauncher:
 
     ``capture=None`` launches directly every time. At most ``max_graphs`` graphs are kept (oldest
     dropped first) and at most ``4 * max_graphs`` inputs are counted towards promotion.
+    :attr:`replays_by_key` maps :func:`launch_key` to the replay of its graph: the probe's step path
+    looks the input up there first and counts the replay in :attr:`replays`.
     """
 
     def __init__(self, ws: FingerprintWorkspace, ring: RingTarget, capture: Capture | None, *,
@@ -64,18 +113,19 @@ class StepLauncher:
         self._capture = capture
         self.max_graphs = max_graphs
         self.promote_after = promote_after
-        self._graphs: dict[tuple, Replayable] = {}
-        self._seen: dict[tuple, int] = {}
+        self._graphs: dict[Key, Replayable] = {}
+        self.replays_by_key: dict[Key, Callable[[], None]] = {}
+        self._seen: dict[Key, int] = {}
         self.replays = 0
         self.direct = 0
         self.captures = 0
 
     def launch(self, x: torch.Tensor, n: int) -> None:
         """Fingerprint ``x [n, K*H]`` (n >= 1) into the next ring row, on the current stream."""
-        key = (x.data_ptr(), n, x.stride(0), x.stride(1), x.dtype)
-        graph = self._graphs.get(key)
-        if graph is not None:
-            graph.replay()
+        key = launch_key(x)
+        replay = self.replays_by_key.get(key)
+        if replay is not None:
+            replay()
             self.replays += 1
             return
         ws, ring = self._ws, self._ring
@@ -98,8 +148,10 @@ class StepLauncher:
             self._capture = None
             return
         if len(self._graphs) >= self.max_graphs:
-            del self._graphs[next(iter(self._graphs))]
+            oldest = next(iter(self._graphs))
+            del self._graphs[oldest], self.replays_by_key[oldest]
         self._graphs[key] = graph
+        self.replays_by_key[key] = graph.replay
         self.captures += 1
 
     @property

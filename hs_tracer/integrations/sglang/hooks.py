@@ -38,6 +38,11 @@ def hook(fn: F) -> F:
     return state.guarded(versions.hook_name(f"{fn.__module__}:{fn.__name__}"))(fn)
 
 
+def step_hook(fn: F) -> F:
+    """:func:`hook` for a hook that runs every decode step, outside any torch.compile'd code."""
+    return state.guarded(versions.hook_name(f"{fn.__module__}:{fn.__name__}"), traceable=False)(fn)
+
+
 # ---- startup ---------------------------------------------------------------------------------------
 @hook
 def after_resolve_aux_config(st: TracerState, result: Any, *_args: Any, **kwargs: Any) -> None:
@@ -135,13 +140,15 @@ def after_logits_forward(st: TracerState, result: Any, processor: Any, *_args: A
 
 
 # ---- per step --------------------------------------------------------------------------------------
-@hook
-def before_draft_extend_for_decode(st: TracerState, _worker: Any, _batch: Any, batch_result: Any,
+@step_hook
+def before_draft_extend_for_decode(st: TracerState, _worker: Any, batch: Any, batch_result: Any,
                                    *_a: Any, **_k: Any) -> None:
     """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
-    the step number goes onto ``batch_result``, which SGLang hands to the result hook later."""
+    the step number goes onto ``batch_result``, which SGLang hands to the result hook later, and
+    the batch's request list is noted (steps.py: which requests SGLang skips)."""
     if st.steps is not None:
-        st.steps.observe_decode(batch_result.logits_output.hidden_states, batch_result)
+        st.steps.observe_decode(batch_result.logits_output.hidden_states, batch_result,
+                                getattr(batch, "reqs", None))
 
 
 @hook
@@ -157,8 +164,8 @@ def before_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any,
     st.capture_prefill(batch, target_hidden_states, next_token_ids)
 
 
-@hook
-def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any, result: Any,
+@step_hook
+def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, processor: Any, result: Any,
                                  batch: Any) -> None:
     """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step that
     ``result`` belongs to, for the requests SGLang committed."""
@@ -166,7 +173,7 @@ def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, _processor: Any,
         return
     st.steps.record(result, batch.reqs, result.accept_lens,
                     num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
-                    max_accept_length=st.max_accept_length)
+                    max_accept_length=st.max_accept_length, processor=processor)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

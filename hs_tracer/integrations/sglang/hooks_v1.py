@@ -95,10 +95,7 @@ def after_v1_forward_batch_generation(st: TracerState, result: Any, _worker: Any
     try:
         st.steps.record(batch, batch.reqs, [int(c) + 1 for c in correct],
                         num_draft_tokens=int(st.spec_args.get("speculative_num_draft_tokens", 0) or 0),
-                        max_accept_length=st.max_accept_length, settled=_committed)
+                        max_accept_length=st.max_accept_length, settled=None)  # V1 commits all it verified
     finally:
         setattr(batch, STEP_ATTR, None)  # the batch object lives on; the next step stamps its own
 
-
-def _committed(_req: Any) -> bool:
-    return True

@@ -22,18 +22,33 @@ disaggregated prefill instance has prefill windows only, a decode instance decod
 window closes every ``HS_TRACER_WINDOW_TOKENS`` rows.
 
 Requests SGLang already finished or retracted in a step are skipped exactly as its own
-``_resolve_spec_v2_tokens`` skips them (``req.is_retracted or req.finished()``): under overlap they
-ride along for one more step, and their accept lengths are padding. That test reads request state
-as it is at this step, so it runs on the scheduler thread (one attribute read per request).
+``_resolve_spec_v2_tokens`` skips them (``req.is_retracted or req.finished()``), and that test must
+read request state as it is at this step, on the scheduler thread. It is run only where it can be
+true, so the step costs the same at any batch size:
 
-**What the scheduler thread does per step, and nothing more**: the BEFORE hook launches the probe
-(a graph replay) and stamps the step number; the AFTER hook notes which requests to skip and
-appends one tuple of references (step, time, SGLang's CPU tensor of accept lengths, the request
-list, its host time) to a bounded deque, then hands SGLang any request-trace events the recorder
-prepared (SGLang's trace contexts are the scheduler's: only its thread writes them). The recorder
-thread takes the pending steps every few tens of milliseconds and does the rest in batches: digests
-drained from the ring and joined by step number, accept lengths tallied with numpy, records built
-only for the steps an exporter needs one by one (sampled spans, traced requests).
+- Without the overlap scheduler nothing is ever skipped: SGLang filters finished requests out of the
+  running batch and retracts requests before it builds the next batch, and nothing changes a
+  request between building a batch and resolving its result (SGLang's own decode loop checks
+  ``finished() or is_retracted`` only under overlap for that reason).
+- A request that is still in the *next* decode batch was neither finished nor retracted when this
+  step resolved (finishing is permanent; SGLang filters finished requests and removes retracted
+  ones whenever it builds a decode batch, and retracts nowhere else). Under overlap the next decode
+  batch is built and launched before this step's result is resolved, so when its launch was seen
+  first, only the requests that left between the two lists (the *departed*) can be skipped, and
+  only they are tested. The lists compare in C: unchanged (the running batch's list object, which
+  SGLang 0.5.23 rebinds and never mutates), extended at the end, or shortened in order; a departed
+  request can never match a slot of the next list, so the walk always finds every one of them.
+- Otherwise (a prefill was launched in between, or SGLang processed this result before launching
+  the next batch) every request is tested, as SGLang does.
+
+**What the scheduler thread does per step, and nothing more**: the BEFORE hook launches the probe (a
+graph replay), stamps the step number and notes the batch's request list; the AFTER hook notes which
+requests to skip (above) and appends one tuple of references (step, time, SGLang's CPU tensor of accept
+lengths, the request list, its host time) to a bounded deque, then hands SGLang any request-trace events
+the recorder prepared (SGLang's trace contexts are the scheduler's: only its thread writes them). The
+recorder thread takes the pending steps every few tens of milliseconds and does the rest in batches:
+digests drained from the ring and joined by step number, accept lengths tallied with numpy, records
+built only for the steps an exporter needs one by one (sampled spans, traced requests).
 """
 
 from __future__ import annotations
@@ -70,6 +85,38 @@ def request_settled(req: Any) -> bool:
     return not (req.is_retracted or req.finished_reason is not None)
 
 
+BLOCK = 32
+"""Requests compared per C-level slice comparison when looking for the departed requests."""
+
+
+def departed(reqs: Sequence[Any], nxt: Sequence[Any]) -> list[int]:
+    """Indices of ``reqs`` whose request may be missing from ``nxt``: every one that is missing, plus
+    (only if ``nxt`` is not ``reqs`` shortened in order and extended at the end) some that are not.
+    Common runs are compared a block at a time in C; only the slots after a mismatch are walked."""
+    n, m = len(reqs), len(nxt)
+    if m >= n and nxt[:n] == reqs:
+        return []
+    out: list[int] = []
+    i = j = 0
+    while i < n:
+        k = min(BLOCK, n - i, m - j)
+        if k and reqs[i:i + k] == nxt[j:j + k]:
+            i += k
+            j += k
+            continue
+        end = i + max(k, 1)
+        while i < end:  # the block that differs, one slot at a time
+            if j < m and reqs[i] is nxt[j]:
+                j += 1
+            else:
+                out.append(i)  # a departed request never matches a slot of ``nxt``
+            i += 1
+    return out
+
+
+_new_tuple = tuple.__new__  # builds a PendingStep without NamedTuple's Python-level __new__
+
+
 class PendingStep(NamedTuple):
     """One verify step as the scheduler thread hands it over: references only, no per-request work
     beyond the indices of the requests SGLang skips."""
@@ -77,7 +124,7 @@ class PendingStep(NamedTuple):
     step: int
     time_unix_ns: int
     accept_lens: Any  # SGLang's CPU tensor (fresh every step, never written again) or a list
-    reqs: tuple[Any, ...]
+    reqs: Sequence[Any]  # the batch's own request list (SGLang rebinds, never mutates it) or a copy
     skip: list[int]  # indices of requests finished or retracted before this step
     num_draft_tokens: int
     max_accept_length: int | None
@@ -123,15 +170,10 @@ class _Windowed:
         self.window_rows = window_rows
         self.closed_at = 0.0
 
-    def observe(self, features: Any, step: int, now: float) -> bool:
-        if not self.probe.observe(features, step):
-            return False
-        self.rows += int(features.shape[0])
-        if self.rows >= self.window_rows and now - self.closed_at >= MIN_WINDOW_S:
-            self.probe.end_window()
-            self.rows = 0
-            self.closed_at = now
-        return True
+    def close(self, now: float) -> None:
+        self.probe.end_window()
+        self.rows = 0
+        self.closed_at = now
 
 
 class StepPath:
@@ -162,13 +204,20 @@ class StepPath:
         ring = int(getattr(decode, "ring_size", 64))
         self._max_pending = 4 * max(ring, capacity)
         self._host_s = 0.0  # host time in the per-step hooks since the last record
+        # (step, request list) of the two latest decode launches that named their requests
+        self._launches: tuple[tuple[int, Any] | None, tuple[int, Any] | None] = (None, None)
+        self._processor: Any = None  # SGLang's result processor seen last, and whether it overlaps
+        self._overlap = True
 
     # ---- draft extend (before) ---------------------------------------------------------------------
-    def observe_decode(self, features: Any, result: Any) -> None:
+    def observe_decode(self, features: Any, result: Any, reqs: Sequence[Any] | None = None) -> None:
+        """``reqs``: the request list of the batch being launched (None where the hook has none)."""
         started = time.perf_counter()
         self.decode_steps += 1
         step = self.decode_steps
         setattr(result, STEP_ATTR, step)
+        if reqs is not None:
+            self._launches = (self._launches[1], (step, reqs))
         if features is not None:
             self._observe(self.decode, features, step, started)
         self._host_s += time.perf_counter() - started
@@ -183,9 +232,14 @@ class StepPath:
         self._host_s += time.perf_counter() - started
 
     def _observe(self, windowed: _Windowed | None, features: Any, step: int, now: float) -> None:
-        width = int(features.shape[-1])
-        self.input_width = width
-        if windowed is None or windowed.observe(features, step, now):
+        shape = features.shape
+        width = self.input_width = int(shape[-1])
+        if windowed is None:
+            return
+        if windowed.probe.observe(features, step):
+            windowed.rows += int(shape[0])
+            if windowed.rows >= windowed.window_rows and now - windowed.closed_at >= MIN_WINDOW_S:
+                windowed.close(now)
             return
         if not self.width_warned:  # once per process: the width finding carries it from here
             self.width_warned = True
@@ -196,19 +250,28 @@ class StepPath:
 
     # ---- results (after _resolve_spec_v2_tokens) ---------------------------------------------------
     def record(self, result: Any, reqs: Sequence[Any], accept_lens: Any, num_draft_tokens: int,
-               max_accept_length: int | None, settled: Callable[[Any], bool] = request_settled) -> bool:
+               max_accept_length: int | None, settled: Callable[[Any], bool] | None = request_settled,
+               processor: Any = None) -> bool:
         """Hand over the step ``result`` belongs to (scheduler thread). ``accept_lens``: SGLang's CPU
-        tensor or a sequence, kept by reference. ``settled``: which requests SGLang committed (the V2
-        rule by default; the V1 worker commits every request it verified). False when none was (no
-        verify step)."""
+        tensor or a sequence, kept by reference. ``settled``: which requests SGLang committed:
+        the V2 rule by default (tested only where it can be false, module docstring), None for
+        every request (the V1 worker commits every request it verified), or another test run on
+        every request. ``processor``: SGLang's result processor (its ``enable_overlap`` says
+        whether the overlap scheduler runs; None: assume it does). False when no request was
+        committed (no verify step)."""
         started = time.perf_counter()
         if self.outbox:
             self._deliver_events()
         step = getattr(result, STEP_ATTR, None)
-        if settled is request_settled:  # the same test, one Python call less per request
-            skip = [i for i, r in enumerate(reqs) if r.is_retracted or r.finished_reason is not None]
+        if settled is request_settled:
+            if processor is not self._processor:
+                self._processor = processor
+                self._overlap = processor is None or bool(getattr(processor, "enable_overlap", True)
+                                                          or getattr(processor, "enable_overlap_mlx", False))
+            skip = self._skipped(step, reqs) if self._overlap and reqs else []
         else:
-            skip = [i for i, r in enumerate(reqs) if not settled(r)]
+            reqs = tuple(reqs)  # a list other workers may reuse
+            skip = [] if settled is None else [i for i, r in enumerate(reqs) if not settled(r)]
         if len(skip) == len(reqs):  # only requests finished or retracted before this step
             self._host_s += time.perf_counter() - started
             return False
@@ -217,9 +280,21 @@ class StepPath:
             self.dropped += 1  # the recorder is a whole deque behind: the oldest step goes
         host_s = self._host_s + time.perf_counter() - started
         self._host_s = 0.0
-        pending.append(PendingStep(step if step is not None else 0, time.time_ns(), accept_lens, tuple(reqs),
-                                   skip, num_draft_tokens, max_accept_length, self.input_width, host_s))
+        pending.append(_new_tuple(PendingStep, (
+            step if step is not None else 0, time.time_ns(), accept_lens, reqs, skip, num_draft_tokens,
+            max_accept_length, self.input_width, host_s)))
         return True
+
+    def _skipped(self, step: int | None, reqs: Sequence[Any]) -> list[int]:
+        """Indices of the requests SGLang skips in ``step`` under overlap (module docstring)."""
+        before, latest = self._launches
+        if step is None or latest is None or latest[0] != step + 1:  # no later launch seen first
+            candidates: Any = range(len(reqs))
+        elif before is not None and before[0] == step and latest[1] is before[1]:
+            return []  # the running batch's list, unchanged
+        else:
+            candidates = departed(reqs, latest[1])
+        return [i for i in candidates if reqs[i].is_retracted or reqs[i].finished_reason is not None]
 
     def _deliver_events(self) -> None:
         """Request-trace events prepared by the recorder, handed to SGLang's trace contexts here, on

@@ -390,6 +390,7 @@ def main() -> int:
             "exporters": ", ".join(exporters), "args": {k: str(v) for k, v in vars(args).items()},
             "hooks": [], "loop": []}
         if not args.skip_hooks:
+            bench_hooks(st, ns[0], device, max(100, args.steps // 4), 1)  # warm-up, not reported
             for n in ns:
                 row = bench_hooks(st, n, device, args.steps, args.rounds)
                 res["hooks"].append(row)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hs_tracer.export.prometheus import HOST_OVERHEAD, OVERHEAD_BUCKETS, PrometheusExporter
-from hs_tracer.export.recorder import AcceptanceTally
+from hs_tracer.export.recorder import AcceptanceTally, length_counts
 from hs_tracer.records import Ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,10 +28,57 @@ def test_batched_tally_equals_the_tally_one_step_at_a_time(max_accept: int | Non
     one, batched = AcceptanceTally(), AcceptanceTally()
     for lengths in steps:
         one.add(lengths.tolist(), 8, max_accept)
-    batched.add_array(np.concatenate(steps), 8, max_accept)
+    batched.add_counts(length_counts(np.concatenate(steps)), 8, max_accept)
     assert (batched.steps, batched.accepted_tokens, batched.per_position) == (
         one.steps, one.accepted_tokens, one.per_position)
     assert len(batched.per_position) == (7 if max_accept is None else 2)
+
+
+@pytest.mark.parametrize("size", [0, 5, 20_000])
+def test_length_counts_equal_a_bincount(size: int) -> None:
+    """Both ways of counting (one bincount for small batches, one comparison per value for large
+    ones) give the same counts; lengths below 1 count as 0."""
+    lengths = np.random.default_rng(size).integers(-1, 9, size=size).astype(np.int32)
+    got = length_counts(lengths)
+    want = np.bincount(np.maximum(lengths, 0), minlength=1)
+    assert got.tolist() == want.tolist()
+
+
+def test_committed_lengths_of_a_batch_equal_each_steps_own() -> None:
+    """The batch join (one torch.cat, one delete of the skipped requests) keeps exactly what each
+    step's own ``lengths()`` keeps, in order, with the per-step counts."""
+    import torch
+
+    from hs_tracer.integrations.sglang.steps import PendingStep, committed_lengths
+
+    rng = np.random.default_rng(3)
+
+    def step(i: int, skip: list[int], tensor: bool = True) -> PendingStep:
+        lens = rng.integers(1, 5, size=6)
+        accept = torch.tensor(lens, dtype=torch.int32) if tensor else lens.tolist()
+        return PendingStep(i, 0, accept, tuple(range(6)), skip, 4, None, None, 0.0)
+
+    plain = [step(i, []) for i in range(5)]
+    joined, sizes = committed_lengths(plain)
+    assert sizes is None and joined.tolist() == np.concatenate([p.lengths() for p in plain]).tolist()
+    mixed = [step(0, [1, 5]), step(1, []), step(2, [0], tensor=False), step(3, [2, 3, 4])]
+    joined, sizes = committed_lengths(mixed)
+    assert joined.tolist() == np.concatenate([p.lengths() for p in mixed]).tolist()
+    assert sizes is not None and sizes.tolist() == [4, 6, 5, 3]
+    assert committed_lengths(plain, sizes=True)[1].tolist() == [6] * 5
+
+
+def test_sampled_steps_of_a_batch_equal_asking_step_by_step() -> None:
+    from hs_tracer.export.otel import OtelExporter
+
+    one, batched = OtelExporter("m", Ranks(), sample=0.1), OtelExporter("m", Ranks(), sample=0.1)
+    picked: list[int] = []
+    offset = 0
+    for count, bad in ((7, []), (13, [2, 12]), (1, [0]), (30, [])):
+        picked += [offset + i for i in batched.sampled_steps(count, bad)]
+        offset += count
+    asked = [i for i in range(offset) if one.wants_span(nonfinite=i in (9, 19, 20))]
+    assert picked == asked == [0, 9, 10, 19, 20, 30, 40, 50]
 
 
 def test_host_overhead_histogram_observes_every_step() -> None:
@@ -40,7 +87,8 @@ def test_host_overhead_histogram_observes_every_step() -> None:
     e = PrometheusExporter("m", Ranks(), serve=False)
     reference = Histogram(HOST_OVERHEAD, "reference", buckets=OVERHEAD_BUCKETS, registry=CollectorRegistry())
     values = np.random.default_rng(2).exponential(20e-6, size=500)
-    e.observe_host_overhead(values)
+    e.record_batch(500, np.zeros(1, dtype=np.int64), 0, 0, None, None, [], values.tolist())
+    e.flush()
     for v in values.tolist():
         reference.observe(v)
     labels = {"model": "m", **Ranks().labels()}

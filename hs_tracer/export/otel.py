@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hs_tracer import __version__
 from hs_tracer.diagnosis.findings import SlotVerdict
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
@@ -288,11 +290,21 @@ class OtelExporter:
         return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
     def wants_span(self, nonfinite: bool = False) -> bool:
-        """Count one verify step; whether it gets a span (1 in ``round(1/sample)``, and every step
-        with non-finite features)."""
-        self._steps += 1
-        sampled = bool(self.every) and (self._steps - 1) % self.every == 0
-        return (sampled or nonfinite) and self.spans_off_reason is None
+        """Count one verify step; whether it gets a span (:meth:`sampled_steps`)."""
+        return bool(self.sampled_steps(1, [0] if nonfinite else []))
+
+    def sampled_steps(self, count: int, nonfinite: Sequence[int] = ()) -> list[int]:
+        """Count ``count`` verify steps at once; the indices among them that get a span, ascending:
+        1 step in ``round(1/sample)`` counted since start, and every step with non-finite features
+        (``nonfinite``: their indices). Arithmetic on the batch, nothing per step."""
+        start = self._steps
+        self._steps += count
+        if self.spans_off_reason is not None:
+            return []
+        picked = set(nonfinite)
+        if self.every:
+            picked.update(range((-start) % self.every, count, self.every))
+        return sorted(picked)
 
     def record_step(self, rec: StepRecord, trace_ctxs: Sequence[Any] | None = None, *,
                     sampled: bool | None = None,
@@ -365,12 +377,11 @@ class OtelExporter:
         if lengths:
             # A histogram, not the per-request list: its size is bounded by the draft length, not the
             # batch (the SDK validates every list element; 256 requests would cost milliseconds).
-            histogram = [0] * max(rec.num_draft_tokens, max(lengths))
-            for length in lengths:
-                histogram[max(length, 1) - 1] += 1
-            attrs["hs_tracer.accept_length.histogram"] = histogram
-            attrs["hs_tracer.accept_length.mean"] = sum(lengths) / len(lengths)
-            attrs["hs_tracer.accepted_tokens"] = sum(max(a - 1, 0) for a in lengths)
+            arr = np.asarray(lengths, dtype=np.int64)
+            histogram = np.bincount(np.maximum(arr, 1) - 1, minlength=rec.num_draft_tokens)
+            attrs["hs_tracer.accept_length.histogram"] = histogram.tolist()
+            attrs["hs_tracer.accept_length.mean"] = float(arr.mean())
+            attrs["hs_tracer.accepted_tokens"] = int(np.maximum(arr - 1, 0).sum())
         if rec.input_width is not None:
             attrs["hs_tracer.input_width"] = rec.input_width
         if rec.digest is not None:

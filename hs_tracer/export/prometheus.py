@@ -343,15 +343,16 @@ class PrometheusExporter:
             if now - self._last_flush >= self.flush_interval_s:
                 self._flush_locked(now)
 
-    def record_batch(self, steps: int, lengths: np.ndarray, draft_tokens: int, last_time_unix_ns: int,
+    def record_batch(self, steps: int, counts: np.ndarray, draft_tokens: int, last_time_unix_ns: int,
                      input_width: int | None, last_digest: StepDigest | None,
-                     nonfinite: Sequence[int]) -> None:
-        """:meth:`record_step` for many steps at once (the recorder's batches): ``lengths`` every
-        request's accept length of those steps, ``draft_tokens`` their sum of drafts proposed,
-        ``nonfinite[k]`` slot k's non-finite values. Equal lengths are counted with one bincount."""
+                     nonfinite: Sequence[int], host_s: Sequence[float] = ()) -> None:
+        """:meth:`record_step` for many steps at once (the recorder's batches): ``counts[v]`` the
+        request-steps with accept length ``v``, ``draft_tokens`` their sum of drafts proposed,
+        ``nonfinite[k]`` slot k's non-finite values, ``host_s`` each step's host time in the hooks
+        (every step is observed). A few operations per batch whatever its size; the histograms
+        are bucketed at the flush."""
         if not steps:
             return
-        counts = np.bincount(lengths.clip(min=0)) if lengths.size else np.zeros(0, dtype=np.int64)
         p = self._pending
         with self._lock:
             p.steps += steps
@@ -366,6 +367,7 @@ class PrometheusExporter:
             for k, count in enumerate(nonfinite):
                 if count:
                     p.nonfinite[k] += int(count)
+            p.host_s.extend(host_s)
             now = time.monotonic()
             if now - self._last_flush >= self.flush_interval_s:
                 self._flush_locked(now)
@@ -378,13 +380,15 @@ class PrometheusExporter:
     def _flush_when_idle(self) -> None:
         while not self._closed.wait(self.flush_interval_s):
             with self._lock:
-                now = time.monotonic()
-                if self._pending.steps and now - self._last_flush >= self.flush_interval_s:
+                now, p = time.monotonic(), self._pending
+                if (p.steps or p.host_s) and now - self._last_flush >= self.flush_interval_s:
                     self._flush_locked(now)
 
     def _flush_locked(self, now: float) -> None:
         p, self._pending = self._pending, _PendingSteps()
         self._last_flush = now
+        if p.host_s:
+            self._host_overhead.add_many(np.asarray(p.host_s, dtype=np.float64))
         if not p.steps:
             return
         self._verify_steps.inc(p.steps)
@@ -479,11 +483,6 @@ class PrometheusExporter:
             if host_overhead_s is not None:
                 self._host_overhead.add(host_overhead_s, 1)
 
-    def observe_host_overhead(self, seconds: np.ndarray) -> None:
-        """Host time in the per-step hooks, one value per step: every step is observed."""
-        with self._lock:
-            self._host_overhead.add_many(seconds)
-
     def _advance(self, key: str, total: int, counter: Any) -> None:
         delta = total - self._totals[key]
         if delta > 0:
@@ -502,6 +501,7 @@ class _PendingSteps:
     input_width: int | None = None
     last_digest: StepDigest | None = None
     nonfinite: Counter[int] = field(default_factory=Counter)
+    host_s: list[float] = field(default_factory=list)  # per-step host time, bucketed at the flush
 
 
 class _WeightedHistogram:

@@ -30,6 +30,7 @@ import numpy as np
 
 from hs_tracer.diagnosis.findings import Acceptance, Code, Report
 from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
+from hs_tracer.integrations.sglang.steps import committed_lengths
 
 if TYPE_CHECKING:
     from hs_tracer.integrations.sglang.state import TracerState
@@ -41,12 +42,13 @@ logger = logging.getLogger("hs_tracer")
 REPORT_EVERY_S = 0.5  # how often the live report file is refreshed while steps arrive
 BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
 DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
-# A batch is worked off in chunks with a short sleep between them. A thread holding the GIL keeps it
-# for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so a whole
-# batch in one go would hold up the scheduler thread, waking from its wait on the GPU, for the
-# batch's full length; a real sleep (not sleep(0), which the same thread can win back) hands the
-# GIL over at once.
-CHUNK_STEPS = 32
+# A long batch is worked off in chunks with a short sleep between them. A thread holding the GIL
+# keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
+# a long batch in one go would hold up the scheduler thread, waking from its wait on the GPU, for
+# the batch's full length; a real sleep (not sleep(0), which the same thread can win back) hands
+# the GIL over at once. A chunk costs a fixed few tens of µs plus well under 1 µs per step, so
+# chunks are large: a 50 ms batch of sub-millisecond steps is one or two chunks.
+CHUNK_STEPS = 256
 YIELD_S = 50e-6
 _NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
@@ -75,24 +77,21 @@ class AcceptanceTally:
             for i in range(min(length - 1, len(self.per_position))):
                 self.per_position[i] += 1
 
-    def add_array(self, lengths: np.ndarray, num_draft_tokens: int,
-                  max_accept_length: int | None = None) -> None:
-        """:meth:`add` for many request-steps at once, in numpy (the loop costs ~0.2 µs per request
-        and position, the largest per-step cost there is at batches of hundreds)."""
+    def add_counts(self, counts: np.ndarray, num_draft_tokens: int,
+                   max_accept_length: int | None = None) -> None:
+        """:meth:`add` for many request-steps at once: ``counts[v]`` request-steps had accept length
+        ``v`` (:func:`length_counts`), so a batch costs a few operations whatever its size."""
         positions = max(num_draft_tokens - 1, 0)
         if max_accept_length is not None:
             positions = min(positions, max(max_accept_length - 1, 0))
         if len(self.per_position) < positions:
             self.per_position.extend([0] * (positions - len(self.per_position)))
-        self.steps += int(lengths.size)
-        self.accepted_tokens += int(lengths.sum())
-        p = len(self.per_position)
-        if p and lengths.size:
-            # reached[j]: request-steps whose accepted draft tokens (capped at p) are exactly j
-            reached = np.bincount(np.clip(lengths - 1, 0, p), minlength=p + 1)
-            at_least = np.cumsum(reached[::-1])[::-1]
-            for i in range(p):
-                self.per_position[i] += int(at_least[i + 1])
+        self.steps += int(counts.sum())
+        self.accepted_tokens += int(np.dot(counts, np.arange(counts.size)))
+        # at_least[v]: request-steps whose accept length is at least v; position i needs i + 2
+        at_least = np.cumsum(counts[::-1])[::-1].tolist()
+        for i in range(min(len(self.per_position), len(at_least) - 2)):
+            self.per_position[i] += at_least[i + 2]
 
     def summary(self) -> Acceptance | None:
         if not self.steps:
@@ -101,14 +100,21 @@ class AcceptanceTally:
                           [n / self.steps for n in self.per_position])
 
 
-def _concat_lengths(items: list[PendingStep]) -> np.ndarray:
-    """Every committed request's accept length of ``items``, in order (int64). SGLang's per-step CPU
-    tensors are joined by one ``torch.cat``; steps with skipped requests or plain lists go one by one."""
-    import torch
+BINCOUNT_BELOW = 8192
+"""Batches of fewer request-steps are counted with one ``np.bincount``; larger ones with one
+comparison per accept-length value, which is cheaper there and runs without the GIL."""
+MAX_COMPARED_LENGTH = 64  # accept lengths are at most speculative_num_steps + 1
 
-    if all(not item.skip and isinstance(item.accept_lens, torch.Tensor) for item in items):
-        return torch.cat([item.accept_lens for item in items]).numpy().astype(np.int64)
-    return np.concatenate([item.lengths() for item in items])
+
+def length_counts(lengths: np.ndarray) -> np.ndarray:
+    """``counts[v]``: how many of ``lengths`` equal ``v`` (values below 1 count as 0)."""
+    if not lengths.size:
+        return np.zeros(1, dtype=np.int64)
+    top = int(lengths.max())
+    if lengths.size < BINCOUNT_BELOW or top > MAX_COMPARED_LENGTH:
+        return np.bincount(np.maximum(lengths, 0))
+    at_least = [lengths.size] + [int(np.count_nonzero(lengths >= v)) for v in range(1, top + 1)] + [0]
+    return -np.diff(np.asarray(at_least, dtype=np.int64))
 
 
 class Recorder(threading.Thread):
@@ -147,6 +153,7 @@ class Recorder(threading.Thread):
                 # Refresh at most every REPORT_EVERY_S while steps arrive, and once more when they
                 # stop, so the report always ends on the last step.
                 if dirty and (not got or now - last_report > REPORT_EVERY_S):
+                    self._judge()
                     self._export_health()
                     self.st.write_report()
                     last_report, dirty = now, False
@@ -196,50 +203,52 @@ class Recorder(threading.Thread):
             if start:
                 time.sleep(YIELD_S)  # let the scheduler thread have the GIL between chunks
             self._on_batch(items[start:start + CHUNK_STEPS])
-        self._judge()
         return True
 
     def _on_batch(self, items: list[PendingStep]) -> None:
-        """One pass over the batch with numpy; per step only a few list operations."""
+        """One pass over the batch: a fixed number of numpy calls, per step only list operations;
+        records only for the steps an exporter needs one by one."""
         steps, otel, capture = self.st.steps, self._otel, self.st.capture
         assert steps is not None
-        digests = [steps.claim_raw(item.step) for item in items]
+        claim = steps.claim_raw
+        digests = [claim(item.step) for item in items]
         landed = [i for i, d in enumerate(digests) if d is not None]
-        bad: set[int] = set()
+        bad: list[int] = []
         nonfinite_counts: list[int] = []
+        digest = None
         if landed:
-            per_step = np.stack([digests[i][1] for i in landed])[:, :, _NONFINITE]  # type: ignore[index]
-            nonfinite_counts = [int(v) for v in per_step.sum(axis=0)]
+            per_step = np.array([digests[i][1] for i in landed])[:, :, _NONFINITE]  # type: ignore[index]
+            nonfinite_counts = per_step.sum(axis=0).tolist()
             if any(nonfinite_counts):
-                bad = {landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()}
-        lengths = _concat_lengths(items)
+                bad = [landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()]
+            if steps.decode is not None:
+                digest = steps.decode.probe.digest_of(*digests[landed[-1]])  # type: ignore[misc]
+        last = items[-1]
+        uniform = all(item.num_draft_tokens == last.num_draft_tokens for item in items)
+        lengths, sizes = committed_lengths(items, sizes=not uniform)
+        counts = length_counts(lengths)
         if capture is not None:
             for item in items:
                 capture.note_accept_lengths(item.lengths())
         if otel is not None:
             # Spans for the sampled steps; request events need a record of every step while SGLang
             # traces requests.
-            every = otel.request_tracing()
-            for i in range(len(items)):
-                sampled = otel.wants_span(i in bad)
-                if sampled or every:
-                    rec = steps.to_record(items[i], digests[i])
-                    otel.record_step(rec, rec.trace_ctxs, sampled=sampled, deliver=steps.outbox.extend)
-        last = items[-1]
-        self.acceptance.add_array(lengths, last.num_draft_tokens, last.max_accept_length)
+            sampled = otel.sampled_steps(len(items), bad)
+            tracing = otel.request_tracing()
+            for i in range(len(items)) if tracing else sampled:
+                rec = steps.to_record(items[i], digests[i], requests=tracing)
+                otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=steps.outbox.extend)
+        self.acceptance.add_counts(counts, last.num_draft_tokens, last.max_accept_length)
         self.nonfinite += sum(nonfinite_counts)
-        digest = None
-        if landed and steps.decode is not None:
-            digest = steps.decode.probe.digest_of(*digests[landed[-1]])  # type: ignore[misc]
         width = next((item.input_width for item in reversed(items) if item.input_width is not None), None)
-        if all(item.num_draft_tokens == last.num_draft_tokens for item in items):
+        if sizes is None:
             draft_tokens = lengths.size * max(last.num_draft_tokens - 1, 0)
         else:
-            draft_tokens = sum(item.lengths().size * (item.num_draft_tokens - 1)
-                               for item in items if item.num_draft_tokens > 1)
-        self._prom.record_batch(len(items), lengths, draft_tokens, last.time_unix_ns, width, digest,
-                                nonfinite_counts)
-        self._prom.observe_host_overhead(np.fromiter((item.host_s for item in items), float, len(items)))
+            draft_tokens = sum(n * (item.num_draft_tokens - 1)
+                               for n, item in zip(sizes.tolist(), items, strict=True)
+                               if item.num_draft_tokens > 1)
+        self._prom.record_batch(len(items), counts, draft_tokens, last.time_unix_ns, width, digest,
+                                nonfinite_counts, [item.host_s for item in items])
 
     def _on_window(self, force: bool = True) -> bool:
         """Fold finished fingerprint windows in; re-diagnose when ``DIAGNOSE_EVERY_S`` has passed
@@ -252,8 +261,7 @@ class Recorder(threading.Thread):
         if source is None:
             return False
         window = source.probe.read_window()
-        if window is not None:
-            self.live = window if self.live is None else self.live.merge(window)
+        if window is not None:  # one merge per landed window; the running total grows per diagnosis
             self._fresh = window if self._fresh is None else self._fresh.merge(window)
             self.window_reports += 1
         if self._fresh is None:
@@ -262,6 +270,7 @@ class Recorder(threading.Thread):
         if not force and now - self._diagnosed_at < DIAGNOSE_EVERY_S:
             return False
         fresh, self._fresh, self._diagnosed_at = self._fresh, None, now
+        self.live = fresh if self.live is None else self.live.merge(fresh)
         self._diagnose(fresh)
         return True
 
@@ -285,7 +294,6 @@ class Recorder(threading.Thread):
         if self._otel is not None:
             self._otel.record_slots(judged.slots)
         self.judged = judged
-        self._judge()
 
     def _judge(self) -> None:
         """The verdict over static findings, the latest window and acceptance so far

@@ -46,9 +46,10 @@ DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while ste
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long batch in one go would hold up the scheduler thread, waking from its wait on the GPU, for
 # the batch's full length; a real sleep (not sleep(0), which the same thread can win back) hands
-# the GIL over at once. A chunk costs a fixed few tens of µs plus well under 1 µs per step, so
-# chunks are large: a 50 ms batch of sub-millisecond steps is one or two chunks.
-CHUNK_STEPS = 256
+# the GIL over at once, and the recorder gets it back when the scheduler next waits for the GPU, so
+# each chunk tends to run in such a wait. A chunk costs a fixed few tens of µs plus ~1 µs per step
+# (the per-request work, numpy and torch, runs without the GIL): 64 steps keep a chunk near 100 µs.
+CHUNK_STEPS = 64
 YIELD_S = 50e-6
 _NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
@@ -217,7 +218,8 @@ class Recorder(threading.Thread):
         nonfinite_counts: list[int] = []
         digest = None
         if landed:
-            per_step = np.array([digests[i][1] for i in landed])[:, :, _NONFINITE]  # type: ignore[index]
+            raws = np.concatenate([digests[i][1] for i in landed])  # type: ignore[index]
+            per_step = raws[:, _NONFINITE].reshape(len(landed), -1)  # [landed steps, K]
             nonfinite_counts = per_step.sum(axis=0).tolist()
             if any(nonfinite_counts):
                 bad = [landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()]

@@ -1,0 +1,158 @@
+"""What the recorder thread costs per verify step, and what the scheduler thread loses to it, for two
+revisions of hs_tracer side by side in one run (CPU; no GPU needed).
+
+    PYTHONPATH=. python benchmarks/recorder_overhead.py --before DIR [--out FILE] [--rounds 3]
+
+``DIR`` is a checkout of the revision to compare with (e.g. ``git worktree add DIR main``). Each
+round runs one child process per revision, alternating (before, after, before, after, ...), each
+child importing hs_tracer from its own checkout and measuring every N in {1,16,64,256,1024,4096}
+(draft-input rows; batch = N/4 real SGLang ``Req`` objects). Per N a child measures:
+
+* recorder CPU µs/step: ``--steps`` verify steps go through the real per-step hooks (SGLang's
+  ``HookRegistry`` wrappers, the CPU stand-in probe of benchmarks/hook_overhead.py), then the
+  recorder works them off as one wake-up of its thread does (``_on_steps`` + ``_on_window``),
+  timed with ``time.process_time``: the recorder's own work plus the OpenTelemetry span processor's
+  encoding and POSTs (spans at the default 1% shipped over OTLP/HTTP to a collector in another
+  process, flushed every 10 batches) and the metrics flusher. Median over ``--batches`` batches.
+* scheduler loss µs/step: benchmarks/hook_overhead.py's loop (a scheduler thread doing 300 µs of
+  Python and a 100 µs GIL-free wait per step, the hooks, and the real recorder thread at its
+  production cadence with Prometheus serving and spans on), median over block pairs of on - off.
+  On a shared 2-core machine this includes CPU contention from other processes: compare the two
+  revisions within one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NS = (1, 16, 64, 256, 1024, 4096)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child(args: argparse.Namespace) -> None:
+    """One revision's measurements (runs with that revision first on ``sys.path``)."""
+    sys.path.insert(0, str(Path.cwd() / "benchmarks"))
+    import hook_overhead as ho
+    import torch
+
+    from hs_tracer.export.recorder import Recorder
+
+    cpu_device = torch.device("cpu")
+    st = ho.make_state(cpu_device, None)
+    out = []
+    for n in [int(v) for v in args.ns.split(",")]:
+        batch, result = ho.step_inputs(n, cpu_device)
+        bs = len(batch.reqs)
+        accepts = [torch.randint(1, ho.DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
+        rec = Recorder(st)
+        st.recorder = rec
+        rec._setup()
+        per_step = []
+        for b in range(args.batches + 2):  # two warm-up batches (first span, HTTP connection)
+            for i in range(args.steps):
+                ho.TRACED_DECODE(None, batch, result)
+                result.accept_lens = accepts[i % 64]
+                ho.TRACED_RESOLVE(None, result, batch)
+            t0 = time.process_time()
+            rec._on_steps()
+            rec._on_window(force=False)
+            if rec._otel is not None and b % 10 == 9:
+                rec._otel.force_flush()
+            if b >= 2:
+                per_step.append((time.process_time() - t0) / args.steps * 1e6)
+        rec._prom.close()
+        if rec._otel is not None:
+            rec._otel.shutdown()
+        loop = ho.bench_loop(st, n, cpu_device, args.loop_steps, args.blocks, 300.0, 100.0)
+        row = {"N": n, "batch": bs, "recorder_cpu_us_per_step": statistics.median(per_step),
+               "recorder_cpu_us_batches": per_step, "lost_us_per_step": loop["lost_us_per_step"],
+               "lost_us_blocks": loop["lost_us_blocks"], "loop_recorder_cpu_us_per_step":
+               loop["recorder_cpu_us_per_step"], "spans": rec._otel is not None}
+        out.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_child(checkout: Path, args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--ns", args.ns,
+           "--steps", str(args.steps), "--batches", str(args.batches),
+           "--loop-steps", str(args.loop_steps), "--blocks", str(args.blocks)]
+    proc = subprocess.run(cmd, cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, capture_output=True,
+                          text=True, timeout=3600)
+    if proc.returncode:
+        sys.exit(f"child in {checkout} failed:\n{proc.stderr[-3000:]}")
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, help="checkout of the revision to compare with")
+    ap.add_argument("--out", type=Path, default=None, help="JSON results file")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ns", default=",".join(map(str, NS)))
+    ap.add_argument("--steps", type=int, default=125, help="steps per recorder batch (50 ms of 400 µs steps)")
+    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--loop-steps", type=int, default=1000)
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    if args.before is None:
+        ap.error("--before DIR is required")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from hook_overhead import COLLECTOR
+
+    collector = subprocess.Popen([sys.executable, "-c", COLLECTOR], stdout=subprocess.PIPE, text=True)
+    try:
+        assert collector.stdout is not None
+        port = int(collector.stdout.readline())
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{port}/v1/traces",
+               "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+        runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
+        for _ in range(args.rounds):
+            for name, checkout in (("before", args.before.resolve()), ("after", REPO)):
+                runs[name].append(run_child(checkout, args, env))
+                got = ", ".join(f"N={r['N']} {r['recorder_cpu_us_per_step']:.1f}/{r['lost_us_per_step']:.1f}"
+                                for r in runs[name][-1])
+                print(f"{name} (recorder CPU/lost µs per step): {got}", flush=True)
+    finally:
+        collector.kill()
+    rows = []
+    for i, n in enumerate(int(v) for v in args.ns.split(",")):
+        row: dict = {"N": n}
+        for name, per_round in runs.items():
+            row[f"{name}_recorder_cpu_us"] = statistics.median(
+                r[i]["recorder_cpu_us_per_step"] for r in per_round)
+            row[f"{name}_lost_us"] = statistics.median(r[i]["lost_us_per_step"] for r in per_round)
+        rows.append(row)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    res = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                       "python": platform.python_version(), "platform": platform.platform(),
+                       "load_average_at_end": load,
+                       "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
+           "method": __doc__.strip(), "args": {k: str(v) for k, v in vars(args).items()},
+           "rows": rows, "runs": runs}
+    print("| N | recorder CPU µs/step before | after | ratio | scheduler lost µs/step before | after |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = r["before_recorder_cpu_us"] / r["after_recorder_cpu_us"]
+        print(f"| {r['N']} | {r['before_recorder_cpu_us']:.1f} | {r['after_recorder_cpu_us']:.1f} | "
+              f"{ratio:.1f}x | {r['before_lost_us']:.1f} | {r['after_lost_us']:.1f} |")
+    if args.out is not None:
+        args.out.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,8 @@ child importing hs_tracer from its own checkout and measuring every N in {1,16,6
   recorder works them off as one wake-up of its thread does (``_on_steps`` + ``_on_window``),
   timed with ``time.process_time``: the recorder's own work plus the OpenTelemetry span processor's
   encoding and POSTs (spans at the default 1% shipped over OTLP/HTTP to a collector in another
-  process, flushed every 10 batches) and the metrics flusher. Median over ``--batches`` batches.
+  process, flushed every 10 batches) and the metrics flusher. Median over ``--batches`` batches;
+  as many batches without the span exporter alternate with them ("without spans").
 * scheduler loss µs/step: benchmarks/hook_overhead.py's loop (a scheduler thread doing 300 µs of
   Python and a 100 µs GIL-free wait per step, the hooks, and the real recorder thread at its
   production cadence with Prometheus serving and spans on), median over block pairs of on - off.
@@ -56,8 +57,11 @@ def child(args: argparse.Namespace) -> None:
         rec = Recorder(st)
         st.recorder = rec
         rec._setup()
-        per_step = []
-        for b in range(args.batches + 2):  # two warm-up batches (first span, HTTP connection)
+        otel = rec._otel
+        per_step: dict[bool, list[float]] = {True: [], False: []}
+        for b in range(2 * args.batches + 2):  # two warm-up batches (first span, HTTP connection)
+            spans = b % 2 == 0  # batches with and without the span exporter alternate
+            rec._otel = otel if spans else None
             for i in range(args.steps):
                 ho.TRACED_DECODE(None, batch, result)
                 result.accept_lens = accepts[i % 64]
@@ -65,18 +69,19 @@ def child(args: argparse.Namespace) -> None:
             t0 = time.process_time()
             rec._on_steps()
             rec._on_window(force=False)
-            if rec._otel is not None and b % 10 == 9:
-                rec._otel.force_flush()
+            if otel is not None and spans and b % 10 == 8:
+                otel.force_flush()
             if b >= 2:
-                per_step.append((time.process_time() - t0) / args.steps * 1e6)
+                per_step[spans].append((time.process_time() - t0) / args.steps * 1e6)
         rec._prom.close()
-        if rec._otel is not None:
-            rec._otel.shutdown()
+        if otel is not None:
+            otel.shutdown()
         loop = ho.bench_loop(st, n, cpu_device, args.loop_steps, args.blocks, 300.0, 100.0)
-        row = {"N": n, "batch": bs, "recorder_cpu_us_per_step": statistics.median(per_step),
-               "recorder_cpu_us_batches": per_step, "lost_us_per_step": loop["lost_us_per_step"],
+        row = {"N": n, "batch": bs, "recorder_cpu_us_per_step": statistics.median(per_step[True]),
+               "recorder_cpu_us_per_step_no_spans": statistics.median(per_step[False]),
+               "recorder_cpu_us_batches": per_step[True], "lost_us_per_step": loop["lost_us_per_step"],
                "lost_us_blocks": loop["lost_us_blocks"], "loop_recorder_cpu_us_per_step":
-               loop["recorder_cpu_us_per_step"], "spans": rec._otel is not None}
+               loop["recorder_cpu_us_per_step"], "spans": otel is not None}
         out.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     print("RESULT " + json.dumps(out), flush=True)
@@ -135,6 +140,8 @@ def main() -> None:
         for name, per_round in runs.items():
             row[f"{name}_recorder_cpu_us"] = statistics.median(
                 r[i]["recorder_cpu_us_per_step"] for r in per_round)
+            row[f"{name}_recorder_cpu_us_no_spans"] = statistics.median(
+                r[i]["recorder_cpu_us_per_step_no_spans"] for r in per_round)
             row[f"{name}_lost_us"] = statistics.median(r[i]["lost_us_per_step"] for r in per_round)
         rows.append(row)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -144,12 +151,14 @@ def main() -> None:
                        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
            "method": __doc__.strip(), "args": {k: str(v) for k, v in vars(args).items()},
            "rows": rows, "runs": runs}
-    print("| N | recorder CPU µs/step before | after | ratio | scheduler lost µs/step before | after |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| N | recorder CPU µs/step, spans at 1%: before | after | ratio | without spans: before | after "
+          "| ratio | scheduler lost µs/step: before | after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        ratio = r["before_recorder_cpu_us"] / r["after_recorder_cpu_us"]
-        print(f"| {r['N']} | {r['before_recorder_cpu_us']:.1f} | {r['after_recorder_cpu_us']:.1f} | "
-              f"{ratio:.1f}x | {r['before_lost_us']:.1f} | {r['after_lost_us']:.1f} |")
+        b, a = r["before_recorder_cpu_us"], r["after_recorder_cpu_us"]
+        b0, a0 = r["before_recorder_cpu_us_no_spans"], r["after_recorder_cpu_us_no_spans"]
+        print(f"| {r['N']} | {b:.1f} | {a:.1f} | {b / a:.1f}x | {b0:.1f} | {a0:.1f} | {b0 / a0:.1f}x | "
+              f"{r['before_lost_us']:.1f} | {r['after_lost_us']:.1f} |")
     if args.out is not None:
         args.out.write_text(json.dumps(res, indent=2) + "\n")
 

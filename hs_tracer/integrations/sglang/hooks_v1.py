@@ -12,7 +12,9 @@ dashboards and alerts do not depend on the worker:
   ``forward_batch_generation``, from ``num_correct_drafts_per_req_cpu``: a host list that
   ``EagleVerifyInput.verify()`` already synchronised for SGLang's own bookkeeping, so reading it adds
   no device sync;
-* capture metadata: this family's ``DeepseekV2Model.forward`` returns the aux states as a list.
+* capture metadata: this family's ``DeepseekV2Model.forward`` returns the aux states as a list;
+* this family's V2 worker: its prefill's draft extend gets a ``ModelWorkerBatch`` whose lengths
+  have other names than the newest release's (the other V2 hooks are the newest family's).
 
 The V1 worker runs without the overlap scheduler: a step's draft extend and its result belong to
 one ``forward_batch_generation`` call, so the step number rides on the batch for that call only.
@@ -74,6 +76,18 @@ def before_v1_draft_extend(st: TracerState, _worker: Any, batch: Any, hidden_sta
         return
     st.steps.observe_prefill(hidden_states, batch.prefix_lens, batch.extend_lens)
     st.capture_prefill(batch, hidden_states, next_token_ids)
+
+
+@hooks.hook
+def before_v2_draft_extend_for_prefill(st: TracerState, _worker: Any, batch: Any, target_hidden_states: Any,
+                                       next_token_ids: Any = None, *_a: Any, **_k: Any) -> None:
+    """Prefill on this family's V2 worker, whose batch (a ``ModelWorkerBatch``) keeps the lengths as
+    ``extend_prefix_lens``/``extend_seq_lens``; an idle DP-attention rank's batch has none."""
+    if st.steps is None or batch.extend_seq_lens is None:
+        return
+    st.steps.observe_prefill(target_hidden_states, batch.extend_prefix_lens, batch.extend_seq_lens)
+    st.capture_prefill(batch, target_hidden_states, next_token_ids, batch.extend_prefix_lens,
+                       batch.extend_seq_lens)
 
 
 @hooks.hook

@@ -172,12 +172,16 @@ class TracerState:
             return probe, None
         return probe, probe  # combined instance: one window stream (steps.py says which rows)
 
-    def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any) -> None:
-        """Offer a prefill's draft input to the capture sink (sampling + async host copy only)."""
+    def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any, prefix_lens: Any = None,
+                        extend_lens: Any = None) -> None:
+        """Offer a prefill's draft input to the capture sink (sampling + async host copy only). The
+        lengths default to the batch's ``prefix_lens``/``extend_lens``."""
         if self.capture is None or features is None:
             return
-        self.capture.offer_prefill(features, batch.input_ids, next_token_ids, batch.prefix_lens,
-                                   batch.extend_lens, tail_tokens=lambda: _tail_tokens(batch, next_token_ids))
+        self.capture.offer_prefill(features, batch.input_ids, next_token_ids,
+                                   batch.prefix_lens if prefix_lens is None else prefix_lens,
+                                   batch.extend_lens if extend_lens is None else extend_lens,
+                                   tail_tokens=lambda: _tail_tokens(batch, next_token_ids))
 
     # ---- reporting ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -302,10 +306,15 @@ def _ranks_before_runtime_context() -> tuple[Ranks, bool]:
 
 def _tail_tokens(batch: Any, next_token_ids: Any) -> Any:
     """The token SGLang's draft extend appends after each request's prompt rows (for a non-final
-    chunk of a chunked prefill: the next prompt token), computed by SGLang's own helper."""
-    from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
-
-    return None if next_token_ids is None else _eagle_prefill_tail_tokens(batch, next_token_ids)
+    chunk of a chunked prefill: the next prompt token), computed by SGLang's own helper. Releases
+    without that helper (0.5.12) append the sampled next token to every request, as done here."""
+    if next_token_ids is None:
+        return None
+    try:
+        from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
+    except ImportError:
+        return next_token_ids
+    return _eagle_prefill_tail_tokens(batch, next_token_ids)
 
 
 def _role() -> str:

@@ -77,10 +77,8 @@ _V2_WORKER_HOOKS = (
          reads=("cuda_graph_runner_for_draft_extend.buffers.hidden_states",), worker="V2"),
     Hook(f"{_V2}._draft_extend_for_decode", "before", f"{_HOOKS}:before_draft_extend_for_decode",
          ("batch", "batch_result"), ("batch_result.logits_output.hidden_states",), worker="V2"),
-    Hook(f"{_V2}._draft_extend_for_prefill", "before", f"{_HOOKS}:before_draft_extend_for_prefill",
-         ("batch", "target_hidden_states", "next_token_ids"),
-         ("batch.input_ids", "batch.prefix_lens", "batch.extend_lens"), worker="V2"),
 )
+_V2_PREFILL_PARAMS = ("batch", "target_hidden_states", "next_token_ids")
 
 _LOGITS_HOOK = Hook(_LOGITS, "after", f"{_HOOKS}:after_logits_forward", reads=("hidden_states",))
 
@@ -98,6 +96,9 @@ FAMILIES: tuple[ReleaseFamily, ...] = (
             Hook(f"{_RUNNER}.init_attention_backends", "after", f"{_HOOKS}:after_init_attention_backends",
                  reads=("model", "model_config", "model.model.layers_to_capture", "device", "gpu_id")),
             *_V2_WORKER_HOOKS,
+            Hook(f"{_V2}._draft_extend_for_prefill", "before", f"{_HOOKS}:before_draft_extend_for_prefill",
+                 _V2_PREFILL_PARAMS, ("batch.input_ids", "batch.prefix_lens", "batch.extend_lens"),
+                 worker="V2"),
             Hook(_TARGET_MODEL, "after", f"{_HOOKS}:after_target_forward",
                  reads=("layers_to_capture", "start_layer", "end_layer")),
             _LOGITS_HOOK,
@@ -117,6 +118,9 @@ FAMILIES: tuple[ReleaseFamily, ...] = (
                  reads=("is_draft_worker", "eagle_use_aux_hidden_state", "eagle_aux_hidden_state_layer_ids",
                         "model", "model_config", "device", "gpu_id")),
             *_V2_WORKER_HOOKS,
+            Hook(f"{_V2}._draft_extend_for_prefill", "before",
+                 f"{_HOOKS_V1}:before_v2_draft_extend_for_prefill", _V2_PREFILL_PARAMS,
+                 ("batch.input_ids", "batch.extend_prefix_lens", "batch.extend_seq_lens"), worker="V2"),
             Hook(f"{_V1}.init_cuda_graphs", "after", f"{_HOOKS_V1}:after_v1_init_cuda_graphs",
                  reads=("draft_model_runner.model", "speculative_algorithm", "speculative_num_steps", "topk",
                         "speculative_num_draft_tokens", "cuda_graph_runner_for_draft_extend"), worker="V1"),

@@ -15,11 +15,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # A release's own pins that differ from lock.txt, installed over it (docs/versions.md).
 RELEASE_PINS := $(wildcard requirements/sglang-$(SGLANG).txt)
-# The tests whose outcome depends on the release and that run without an engine: the version guard
-# against the release's real classes (every hook target, parameter and the scheduler entry), the
-# plugin registering the release family's hooks, and the layer-id rules. (0.5.12 cannot serve
-# EAGLE-3 on this CPU machine: docs/versions.md.)
-RELEASE_TESTS := tests/test_plugin.py tests/test_sources.py
+# The tests whose outcome depends on the release: without an engine, the version guard against the
+# release's real classes (every hook target, parameter and the scheduler entry), the plugin
+# registering the release family's hooks, and the layer-id rules; through the release's real CPU
+# engine (the testbed, docs/versions.md), each EAGLE-3 worker traced `ok`, the layer-id rule,
+# greedy decoding lossless, a fault in each hook kind of its worker, and faults while serving.
+RELEASE_TESTS := tests/test_plugin.py tests/test_sources.py tests/test_release_engine.py \
+	tests/test_eagle_lossless.py tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged \
+	tests/test_faults_engine.py
 # A fault injected into every hook of the release's family, on its real classes through SGLang's
 # real HookRegistry (no engine). Importing every target of an older release needs an sgl_kernel: the
 # CPU testbed's stand-in (its patches stay off without the testbed's runtime flag).

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hs_tracer.integrations.sglang import versions
+
 REPO = Path(__file__).resolve().parents[1]
 TRACED_ENV = {"HS_TRACER": "1", "HS_TRACER_WINDOW_TOKENS": "128"}  # windows close often on short runs
 SETTLE_S = 2.0  # the recorder refreshes the report every 0.5 s while steps arrive
@@ -94,16 +96,29 @@ class EngineSpec:
     linger_s: float = 0.0  # stay up after the last workload (a few more scrapes)
 
 
+# The installed SGLang release's family (docs/versions.md): an older release runs fewer, smaller engines.
+FAMILY = versions.installed_family()
+OLDER_RELEASE = FAMILY is not None and FAMILY is not versions.FAMILIES[0]
+_TREE = {"spec_steps": 3, "topk": 2, "num_draft_tokens": 6}
+
 # The fault-injection engines: one real-engine fault per hook kind (every hook is faulted in-process on
 # SGLang's real classes in test_hook_faults.py). With tracing switched off by the fault they also serve
-# the lossless oracle's chain (1 step) and tree (topk 2) shapes.
-FAULT_ENGINES = {
-    "startup": ("EagleDraftWorker.init_lm_head", {"spec_steps": 1}),
-    "per-step before": ("EagleDraftWorker._draft_extend_for_decode",
-                        {"spec_steps": 3, "topk": 2, "num_draft_tokens": 6}),
-    "per-step after": ("SchedulerBatchResultProcessor._resolve_spec_v2_tokens", {}),
-    "recorder": ("recorder", {}),
-}
+# the lossless oracle's chain (1 step) and tree (topk 2) shapes. On an older release the faults go
+# into its V1 worker's own hooks (its V2 worker's per-step hooks are mostly the newest family's).
+if not OLDER_RELEASE:
+    FAULT_ENGINES: dict[str, tuple[str, dict[str, Any]]] = {
+        "startup": ("EagleDraftWorker.init_lm_head", {"spec_steps": 1}),
+        "per-step before": ("EagleDraftWorker._draft_extend_for_decode", _TREE),
+        "per-step after": ("SchedulerBatchResultProcessor._resolve_spec_v2_tokens", {}),
+        "recorder": ("recorder", {}),
+    }
+else:
+    _V1 = tuple(FAMILY.worker_env["V1"].items())
+    FAULT_ENGINES = {
+        "startup": ("EAGLEWorker.init_cuda_graphs", {"spec_steps": 1, "env": _V1}),
+        "per-step before": ("EAGLEWorker.forward_draft_extend_after_decode", {**_TREE, "env": _V1}),
+        "per-step after": ("EAGLEWorker.forward_batch_generation", {"env": _V1}),
+    }
 
 ENGINES: dict[str, EngineSpec] = {
     "plain": EngineSpec(None, ("lossless", "transformers", "transformers#2"), profile=False),
@@ -116,10 +131,16 @@ ENGINES: dict[str, EngineSpec] = {
     "ids_shifted": EngineSpec("ids_shifted", ("diagnosis", "replay"), capture=True, scraped=True,
                               linger_s=3.0),
     "d2t_regenerated": EngineSpec("d2t_regenerated", ("diagnosis",)),
-    **{f"fault:{kind}": EngineSpec("testbed", ("lossless",), env=(("HS_TRACER_FAULT_INJECT", where),),
-                                   **shape)
+    **{f"fault:{kind}": EngineSpec("testbed", ("lossless",),
+                                   env=(("HS_TRACER_FAULT_INJECT", where), *shape.get("env", ())),
+                                   **{k: v for k, v in shape.items() if k != "env"})
        for kind, (where, shape) in FAULT_ENGINES.items()},
 }
+if OLDER_RELEASE:  # tests/test_release_engine.py: each EAGLE-3 worker traced, and the layer-id rule
+    ENGINES.update({f"correct:{worker}": EngineSpec("testbed", ("lossless", "diagnosis"),
+                                                    env=tuple(FAMILY.worker_env.get(worker, {}).items()))
+                    for worker in FAMILY.workers})
+    ENGINES["ids_shifted"] = EngineSpec("ids_shifted", ("diagnosis",))
 
 
 @dataclass

@@ -57,7 +57,10 @@ def runtime_env() -> dict[str, str]:
     pythonpath = os.environ.get("PYTHONPATH", "")
     parts = [p for p in pythonpath.split(os.pathsep) if p and p not in ours]
     # The package root goes last: where it is site-packages it must not shadow the caller's path.
+    from hs_tracer_testbed.runtime.patches import release_patches
+
     return {
+        **release_patches()[0],
         "SGLANG_USE_CPU_ENGINE": "1",
         "TORCHDYNAMO_DISABLE": "1",
         RUNTIME_FLAG: "1",

@@ -19,6 +19,9 @@ once if it is already imported, so installing them costs nothing at interpreter 
 * ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
+
+An older SGLang release gets its own module on top (:func:`release_patches`: 0.5.12 in
+:mod:`.release_0_5_12`).
 """
 
 from __future__ import annotations
@@ -134,6 +137,18 @@ class PostImportHook(importlib.abc.MetaPathFinder):
 _hook = PostImportHook()
 
 
+def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], None]]]:
+    """The environment and patches the installed SGLang release needs on top of these (none for
+    the newest; read from the distribution's metadata, without importing SGLang)."""
+    from hs_tracer.integrations.sglang.versions import installed_version, release_of
+    from hs_tracer_testbed.runtime import release_0_5_12
+
+    version = installed_version()
+    if version is not None and release_of(version) == release_0_5_12.RELEASE:
+        return release_0_5_12.ENV, release_0_5_12.PATCHES
+    return {}, {}
+
+
 def install() -> None:
     """Apply every patch now (module already imported) or right after its first import."""
-    _hook.install(PATCHES)
+    _hook.install({**PATCHES, **release_patches()[1]})

@@ -1,4 +1,5 @@
-"""Start a real SGLang 0.5.23 ``sgl.Engine`` on a CPU-only machine, optionally with EAGLE-3.
+"""Start a real SGLang ``sgl.Engine`` (0.5.23, or 0.5.12 in its own virtualenv) on a CPU-only
+machine, optionally with EAGLE-3.
 
 Why a launcher: running SGLang's EAGLE path without a GPU takes an environment that production
 must never see (a ``sgl_kernel`` stand-in on PYTHONPATH, pure-torch kernels registered as
@@ -52,13 +53,14 @@ class TestbedRuntimeError(RuntimeError):
 
 
 def runtime_env() -> dict[str, str]:
-    """The environment variables the testbed runtime needs, for this process and its children."""
+    """The environment variables the testbed runtime needs, for this process and its children
+    (with those the installed release's own module adds, :func:`.patches.release_patches`)."""
+    from hs_tracer_testbed.runtime.patches import release_patches
+
     ours = (str(PYTHONPATH_DIR), str(PACKAGE_ROOT))
     pythonpath = os.environ.get("PYTHONPATH", "")
     parts = [p for p in pythonpath.split(os.pathsep) if p and p not in ours]
     # The package root goes last: where it is site-packages it must not shadow the caller's path.
-    from hs_tracer_testbed.runtime.patches import release_patches
-
     return {
         **release_patches()[0],
         "SGLANG_USE_CPU_ENGINE": "1",

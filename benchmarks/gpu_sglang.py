@@ -409,6 +409,7 @@ def _report_summary(rep: dict[str, Any]) -> dict[str, Any]:
                   for sl in diag.get("slots") or []],
         "findings": [f.get("code") for f in diag.get("findings") or []],
         "acceptance_steps": acc.get("steps"), "mean_accept_length": acc.get("mean_accept_length"),
+        "probe_launches": (rep.get("probes") or {}).get("launches"),
     }
 
 

@@ -42,11 +42,14 @@ def launch_key(x: torch.Tensor) -> Key:
 
 
 def _driver_graph_launch() -> Callable[[int, int], int] | None:
-    """``cuGraphLaunch(exec, stream)`` of the CUDA driver this process already loaded, or None."""
+    """``cuGraphLaunch(exec, stream)`` of the CUDA driver this process already loaded, or None.
+    Loaded as a ``PyDLL``: the call keeps the GIL (a few µs). A call that dropped it would let any
+    other thread of the scheduler process (the recorder's) take the GIL in the middle of the step,
+    and the scheduler thread would wait for it to be handed back."""
     import ctypes
 
     try:
-        fn = ctypes.CDLL("libcuda.so.1").cuGraphLaunch
+        fn = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]

@@ -207,7 +207,8 @@ class TracerState:
             "role": self.role,
             "probes": None if self.steps is None else {
                 "decode": self.steps.decode is not None, "prefill": self.steps.prefill is not None,
-                "decode_steps": self.steps.decode_steps, "prefill_steps": self.steps.prefill_steps},
+                "decode_steps": self.steps.decode_steps, "prefill_steps": self.steps.prefill_steps,
+                "launches": self.steps.launch_counts()},
             "capture_sink": None if self.capture is None else {
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},

@@ -191,18 +191,20 @@ def prefill_segments(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> 
 class _Windowed:
     """A probe and its row count towards the next window boundary."""
 
-    __slots__ = ("closed_at", "probe", "rows", "window_rows")
+    __slots__ = ("closed_at", "closes", "probe", "rows", "window_rows")
 
     def __init__(self, probe: FingerprintProbe, window_rows: int) -> None:
         self.probe = probe
         self.rows = 0
         self.window_rows = window_rows
         self.closed_at = 0.0
+        self.closes = 0
 
     def close(self, now: float) -> None:
         self.probe.end_window()
         self.rows = 0
         self.closed_at = now
+        self.closes += 1
 
 
 class StepPath:
@@ -250,6 +252,21 @@ class StepPath:
         if features is not None:
             self._observe(self.decode, features, step, started)
         self._host_s += time.perf_counter() - started
+
+    def launch_counts(self) -> dict[str, dict[str, int]]:
+        """How each CUDA probe launched its kernel so far (graph replays, direct launches, graphs
+        kept) and how many windows it closed: what the step path's host time depends on. A combined
+        instance has one probe, listed as "decode"."""
+        probes = [("decode", self.decode)]
+        if self.prefill is not self.decode:
+            probes.append(("prefill", self.prefill))
+        out = {}
+        for name, windowed in probes:
+            launcher = getattr(windowed.probe, "launcher", None) if windowed is not None else None
+            if launcher is not None:
+                out[name] = {"graph_replays": launcher.replays, "direct": launcher.direct,
+                             "graphs": launcher.graphs, "windows_closed": windowed.closes}
+        return out
 
     def observe_prefill(self, features: Any, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
         started = time.perf_counter()

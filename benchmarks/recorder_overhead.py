@@ -51,8 +51,11 @@ def child(args: argparse.Namespace) -> None:
     st = ho.make_state(cpu_device, None)
     out = []
     for n in [int(v) for v in args.ns.split(",")]:
-        batch, result = ho.step_inputs(n, cpu_device)
-        bs = len(batch.reqs)
+        inputs = ho.step_inputs(n, cpu_device)  # (running, snapshot, results) or, earlier, (batch, result)
+        running, snapshot, result = (inputs[0], inputs[1], inputs[2][0]) if len(inputs) == 3 else (
+            inputs[0], inputs[0], inputs[1])
+        processor = getattr(ho, "PROCESSOR", None)  # SGLang's result processor, where the hook reads it
+        bs = len(running.reqs)
         accepts = [torch.randint(1, ho.DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
         rec = Recorder(st)
         st.recorder = rec
@@ -63,9 +66,9 @@ def child(args: argparse.Namespace) -> None:
             spans = b % 2 == 0  # batches with and without the span exporter alternate
             rec._otel = otel if spans else None
             for i in range(args.steps):
-                ho.TRACED_DECODE(None, batch, result)
+                ho.TRACED_DECODE(None, running, result)
                 result.accept_lens = accepts[i % 64]
-                ho.TRACED_RESOLVE(None, result, batch)
+                ho.TRACED_RESOLVE(processor, result, snapshot)
             t0 = time.process_time()
             rec._on_steps()
             rec._on_window(force=False)

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +53,7 @@ DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while ste
 CHUNK_STEPS = 64
 YIELD_S = 50e-6
 _NONFINITE = DIGEST_FIELDS.index("nonfinite")
+_NUM_DRAFT_TOKENS, _HOST_S = attrgetter("num_draft_tokens"), attrgetter("host_s")
 
 
 @dataclass
@@ -211,8 +213,7 @@ class Recorder(threading.Thread):
         records only for the steps an exporter needs one by one."""
         steps, otel, capture = self.st.steps, self._otel, self.st.capture
         assert steps is not None
-        claim = steps.claim_raw
-        digests = [claim(item.step) for item in items]
+        digests = steps.claim_raws(items)
         landed = [i for i, d in enumerate(digests) if d is not None]
         bad: list[int] = []
         nonfinite_counts: list[int] = []
@@ -226,7 +227,7 @@ class Recorder(threading.Thread):
             if steps.decode is not None:
                 digest = steps.decode.probe.digest_of(*digests[landed[-1]])  # type: ignore[misc]
         last = items[-1]
-        uniform = all(item.num_draft_tokens == last.num_draft_tokens for item in items)
+        uniform = len(set(map(_NUM_DRAFT_TOKENS, items))) == 1
         lengths, sizes = committed_lengths(items, sizes=not uniform)
         counts = length_counts(lengths)
         if capture is not None:
@@ -250,7 +251,7 @@ class Recorder(threading.Thread):
                                for n, item in zip(sizes.tolist(), items, strict=True)
                                if item.num_draft_tokens > 1)
         self._prom.record_batch(len(items), counts, draft_tokens, last.time_unix_ns, width, digest,
-                                nonfinite_counts, [item.host_s for item in items])
+                                nonfinite_counts, list(map(_HOST_S, items)))
 
     def _on_window(self, force: bool = True) -> bool:
         """Fold finished fingerprint windows in; re-diagnose when ``DIAGNOSE_EVERY_S`` has passed

@@ -57,6 +57,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -143,6 +144,9 @@ class PendingStep(NamedTuple):
         return [r for i, r in enumerate(self.reqs) if i not in skip]
 
 
+_ACCEPT_LENS = attrgetter("accept_lens")
+
+
 def committed_lengths(items: Sequence[PendingStep],
                       sizes: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Every committed request's accept length of ``items`` joined in order, and, when ``sizes`` or
@@ -153,8 +157,8 @@ def committed_lengths(items: Sequence[PendingStep],
     (per step only list operations). Plain sequences (tests, the V1 worker) go one by one."""
     import torch
 
-    lens = [item.accept_lens for item in items]
-    if all(type(t) is torch.Tensor for t in lens):
+    lens = list(map(_ACCEPT_LENS, items))
+    if set(map(type, lens)) == {torch.Tensor}:
         joined = (torch.cat(lens) if len(lens) > 1 else lens[0]).numpy().reshape(-1)
     else:
         lens = [np.asarray(t.numpy() if hasattr(t, "numpy") else t).reshape(-1) for t in lens]
@@ -355,23 +359,23 @@ class StepPath:
     # ---- recorder thread ---------------------------------------------------------------------------
     def take_pending(self) -> list[PendingStep]:
         """Every step handed over so far, oldest first; digests drained from the probes."""
-        pending = self.pending
-        items = []
-        while pending:
-            items.append(pending.popleft())
+        popleft = self.pending.popleft  # the scheduler thread only appends on the right meanwhile
+        items = [popleft() for _ in range(len(self.pending))]
         if self.prefill is not None and self.prefill is not self.decode:
             self.prefill.probe.drain_raw()  # prefill digests are not per-step records; windows carry them
         if self.decode is not None:
-            for sid, tokens, raw in self.decode.probe.drain_raw():
-                if sid > 0:  # prefill observations (negative numbers) are never a step's digest
-                    self._digests[sid] = (tokens, raw)
+            # prefill observations (negative numbers) are never a step's digest
+            self._digests.update({sid: (tokens, raw) for sid, tokens, raw in self.decode.probe.drain_raw()
+                                  if sid > 0})
             while len(self._digests) > self._max_pending:  # steps whose results never came (aborted)
                 del self._digests[min(self._digests)]
         return items
 
-    def claim_raw(self, step: int) -> tuple[int, np.ndarray] | None:
-        """The drained ``(tokens, raw [K, 5])`` of ``step``'s digest, if it has landed."""
-        return self._digests.pop(step, None)
+    def claim_raws(self, items: Sequence[PendingStep]) -> list[tuple[int, np.ndarray] | None]:
+        """The drained ``(tokens, raw [K, 5])`` of each step's digest, ``None`` where it has not
+        landed."""
+        pop = self._digests.pop
+        return [pop(item.step, None) for item in items]
 
     def to_record(self, item: PendingStep, digest_raw: tuple[int, np.ndarray] | None,
                   requests: bool = True) -> StepRecord:
@@ -392,4 +396,5 @@ class StepPath:
 
     def take(self) -> list[StepRecord]:
         """Every pending step as a full record with its own digest (tests and single-step users)."""
-        return [self.to_record(item, self.claim_raw(item.step)) for item in self.take_pending()]
+        items = self.take_pending()
+        return [self.to_record(item, raw) for item, raw in zip(items, self.claim_raws(items), strict=True)]

@@ -89,12 +89,14 @@ class AcceptanceTally:
             positions = min(positions, max(max_accept_length - 1, 0))
         if len(self.per_position) < positions:
             self.per_position.extend([0] * (positions - len(self.per_position)))
-        self.steps += int(counts.sum())
-        self.accepted_tokens += int(np.dot(counts, np.arange(counts.size)))
-        # at_least[v]: request-steps whose accept length is at least v; position i needs i + 2
-        at_least = np.cumsum(counts[::-1])[::-1].tolist()
-        for i in range(min(len(self.per_position), len(at_least) - 2)):
-            self.per_position[i] += at_least[i + 2]
+        by_length = counts.tolist()  # a few entries (accept lengths are small): plain Python is cheapest
+        self.steps += sum(by_length)
+        self.accepted_tokens += sum(length * n for length, n in enumerate(by_length))
+        at_least = 0  # request-steps whose accept length is at least `length`; position i needs i + 2
+        for length in range(len(by_length) - 1, 1, -1):
+            at_least += by_length[length]
+            if length - 2 < len(self.per_position):
+                self.per_position[length - 2] += at_least
 
     def summary(self) -> Acceptance | None:
         if not self.steps:
@@ -113,8 +115,10 @@ def length_counts(lengths: np.ndarray) -> np.ndarray:
     """``counts[v]``: how many of ``lengths`` equal ``v`` (values below 1 count as 0)."""
     if not lengths.size:
         return np.zeros(1, dtype=np.int64)
+    if lengths.size < BINCOUNT_BELOW:
+        return np.bincount(np.maximum(lengths, 0))
     top = int(lengths.max())
-    if lengths.size < BINCOUNT_BELOW or top > MAX_COMPARED_LENGTH:
+    if top > MAX_COMPARED_LENGTH:
         return np.bincount(np.maximum(lengths, 0))
     at_least = [lengths.size] + [int(np.count_nonzero(lengths >= v)) for v in range(1, top + 1)] + [0]
     return -np.diff(np.asarray(at_least, dtype=np.int64))
@@ -205,12 +209,13 @@ class Recorder(threading.Thread):
         for start in range(0, len(items), CHUNK_STEPS):
             if start:
                 time.sleep(YIELD_S)  # let the scheduler thread have the GIL between chunks
-            self._on_batch(items[start:start + CHUNK_STEPS])
+            self._on_batch(items[start:start + CHUNK_STEPS], last_chunk=start + CHUNK_STEPS >= len(items))
         return True
 
-    def _on_batch(self, items: list[PendingStep]) -> None:
+    def _on_batch(self, items: list[PendingStep], last_chunk: bool = True) -> None:
         """One pass over the batch: a fixed number of numpy calls, per step only list operations;
-        records only for the steps an exporter needs one by one."""
+        records only for the steps an exporter needs one by one. The last step's digest (the slot
+        RMS gauge) is built for the batch's last chunk only."""
         steps, otel, capture = self.st.steps, self._otel, self.st.capture
         assert steps is not None
         digests = steps.claim_raws(items)
@@ -224,7 +229,7 @@ class Recorder(threading.Thread):
             nonfinite_counts = per_step.sum(axis=0).tolist()
             if any(nonfinite_counts):
                 bad = [landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()]
-            if steps.decode is not None:
+            if last_chunk and steps.decode is not None:
                 digest = steps.decode.probe.digest_of(*digests[landed[-1]])  # type: ignore[misc]
         last = items[-1]
         uniform = len(set(map(_NUM_DRAFT_TOKENS, items))) == 1

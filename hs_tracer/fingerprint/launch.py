@@ -3,9 +3,10 @@
 A kernel launch through Triton's launcher costs the scheduler thread ~10 µs (argument marshalling
 for 25 arguments, the stream lookup, the driver call); replaying a CUDA graph that holds the same
 launch costs one driver call. The replay calls the driver's ``cuGraphLaunch`` on the graph's
-executable with the current stream directly (3.4-3.6 µs on the H200 host against 4.9 µs for
-``torch.cuda.CUDAGraph.replay``, which adds a device guard and its Python binding), falling back to
-``replay`` where the driver library or the handle is not to be had.
+executable with the current stream directly (2.8 µs on the H200 host against 4.2 µs for
+``torch.cuda.CUDAGraph.replay``, which adds a device guard and its Python binding:
+benchmarks/graph_launch_gpu.py), falling back to ``replay`` where the driver library or the handle is
+not to be had.
 
 A graph freezes the kernel's arguments, the input's address among them, so one graph serves one
 (address, rows, strides, dtype). That is exactly what SGLang's decode gives the probe: the draft input

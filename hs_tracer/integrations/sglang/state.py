@@ -372,38 +372,30 @@ def guarded(where: str, traceable: bool = True) -> Callable[[F], F]:
     The wrapped hook returns ``None`` on every path: SGLang's HookRegistry treats that as "no
     change", so a hook can never alter SGLang's arguments or results. ``traceable=False`` for the
     per-step hooks, which run in the scheduler's own Python and never under torch.compile: they
-    skip that check (one call less on every step).
+    skip that check (no extra call on every step).
     """
 
     def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def guard(*args: Any, **kwargs: Any) -> None:
+            st = _STATE
+            if st is None or not st.enabled:
+                return None
+            try:
+                if st.config.fault_inject == where:
+                    raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
+                fn(st, *args, **kwargs)
+            except Exception as exc:  # the tracer must never break serving
+                st.fail(where, exc)
+            return None
+
+        wrapper = guard
         if traceable:
             @functools.wraps(fn)
             def wrapper(*args: Any, **kwargs: Any) -> None:
                 if _compiling():  # traced by torch.compile (piecewise prefill): invisible to Dynamo
                     return None
-                st = _STATE
-                if st is None or not st.enabled:
-                    return None
-                try:
-                    if st.config.fault_inject == where:
-                        raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
-                    fn(st, *args, **kwargs)
-                except Exception as exc:  # the tracer must never break serving
-                    st.fail(where, exc)
-                return None
-        else:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> None:
-                st = _STATE
-                if st is None or not st.enabled:
-                    return None
-                try:
-                    if st.config.fault_inject == where:
-                        raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
-                    fn(st, *args, **kwargs)
-                except Exception as exc:  # the tracer must never break serving
-                    st.fail(where, exc)
-                return None
+                return guard(*args, **kwargs)
 
         wrapper.__hs_tracer_where__ = where  # type: ignore[attr-defined]  # the name faults are injected by
         return wrapper  # type: ignore[return-value]

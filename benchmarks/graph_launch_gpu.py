@@ -67,12 +67,21 @@ def main() -> int:
     rows["cuGraphLaunch via ctypes, stream looked up (hs_tracer)"] = median_us(
         lambda: launch(exec_, stream_of(index)), args.calls)
     rows["cuGraphLaunch via ctypes, stream cached"] = median_us(lambda: launch(exec_, stream), args.calls)
+    import ctypes
+
+    bare = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch  # no argtypes: arguments passed as c_void_p
+    bare.restype = ctypes.c_int
+    exec_ptr = ctypes.c_void_p(exec_)
+    rows["cuGraphLaunch via ctypes, no argtypes, stream wrapped per call"] = median_us(
+        lambda: bare(exec_ptr, ctypes.c_void_p(stream_of(index))), args.calls)
     try:
         from cuda.bindings import runtime
 
         handle, rt_stream = runtime.cudaGraphExec_t(exec_), runtime.cudaStream_t(stream)
         rows["cuda.bindings cudaGraphLaunch, stream cached"] = median_us(
             lambda: runtime.cudaGraphLaunch(handle, rt_stream), args.calls)
+        rows["cuda.bindings cudaGraphLaunch, stream looked up"] = median_us(
+            lambda: runtime.cudaGraphLaunch(handle, runtime.cudaStream_t(stream_of(index))), args.calls)
     except ImportError:
         pass
     launches = args.calls * len(rows)  # every row so far launched the graph once per call

@@ -10,19 +10,24 @@ the number of draft-input rows (batch x 4 draft tokens; batch = max(1, N/4) real
 objects); the draft input is a static ``[N, 3*7168]`` bf16 buffer, as SGLang's target CUDA graph
 hands it over.
 
-Headline, "loop": a scheduler loop. One step = GPU work (``torch.cuda._sleep``; on CPU a
-``time.sleep``, both release the GIL as SGLang's waits do) + the scheduler's own Python (a busy
-loop of ``--python-us``) + the two hooks + waiting for the step's GPU work. Off: plain calls, no
-tracer thread. On: traced calls with the real ``Recorder`` thread started by the tracer at its
-production cadence, with the Prometheus exporter (its HTTP server up), OpenTelemetry step spans at
-the default 1% sample shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis
-windows closing at the default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a
-stand-in probe that counts and hands the recorder a window of DeepSeek-V3 width every time one
-closes) and the online diagnosis when ``--profile`` is given. The loop is scheduler-bound (GPU work
-shorter than the Python), so whatever the tracer takes from the scheduler thread, the recorder's
-GIL time included, lengthens the step. Off and on blocks alternate; the figure is the median over
-block pairs of (on - off) wall time per step. ``--switch-interval`` sets ``sys.setswitchinterval``
-for the whole run (Python's default is 5 ms).
+Headline, "loop": the full per-step host figure a user pays, measured as what a scheduler loop
+loses per step. One step in SGLang's overlap order: the launch hook (it enqueues the probe), then the
+step's next GPU work is enqueued (``torch.cuda._sleep`` of ``--gpu-us``), then, while the GPU works,
+the previous step's result hook and the scheduler's own Python (a busy loop of ``--python-us``),
+then the wait for this step's GPU work. The GPU work (probe kernel included, <= ~55 µs) is shorter
+than the Python, so the wait finds it done: GPU time overlaps Python and the loop's wall time is the
+scheduler thread's host time. (On CPU the GPU work is a ``time.sleep`` at the wait, which, like
+SGLang's waits, releases the GIL; nothing overlaps it.) Off: plain calls, no tracer thread. On:
+traced calls with the real ``Recorder`` thread started by the tracer at its production cadence, with
+the Prometheus exporter (its HTTP server up), OpenTelemetry step spans at the default 1% sample
+shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis windows closing at the
+default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a stand-in probe that counts
+and hands the recorder a window of DeepSeek-V3 width every time one closes) and the online
+diagnosis when ``--profile`` is given. The loop is scheduler-bound, so whatever the tracer takes
+from the scheduler thread, the hooks and the GIL time of the tracer's threads in this process,
+lengthens the step. Off and on blocks alternate; the figure is the median over block pairs of
+(on - off) wall time per step. ``--switch-interval`` sets ``sys.setswitchinterval`` for the whole
+run (Python's default is 5 ms).
 
 "hooks": the hooks alone, per-step median of ``perf_counter_ns`` around the pair of calls, plain
 and traced rounds interleaved, the recorder's work (taking the pending steps) outside the timing.
@@ -91,9 +96,10 @@ class StandInProbe:
                                     sum=rng.standard_normal((SLOTS, HIDDEN)),
                                     sumsq=64 + rng.random((SLOTS, HIDDEN)))
 
-    def observe(self, x: torch.Tensor, step_id: int) -> bool:
-        self.pending.append((step_id, int(x.shape[0]), self._raw))
-        return True
+    def observe_rows(self, x: torch.Tensor, step_id: int) -> int:
+        n = int(x.shape[0])
+        self.pending.append((step_id, n, self._raw))
+        return n
 
     def end_window(self) -> None:
         self.windows += 1
@@ -269,25 +275,26 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
     accepts = [torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
 
     def run(count: int, traced: bool) -> float:
-        """Overlap order: launch step i, wait for the GPU, resolve step i - 1."""
+        """SGLang's overlap order (module docstring): launch step i, enqueue its GPU work, resolve
+        step i - 1 and run the scheduler's Python while the GPU works, then wait for step i."""
         decode = TRACED_DECODE if traced else draft_extend_for_decode
         resolve = TRACED_RESOLVE if traced else resolve_spec_v2_tokens
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i in range(count):
-            if cuda:
-                torch.cuda._sleep(cycles)
-            busy(python_us)
             decode(None, running, results[i % 2])
             if cuda:
+                torch.cuda._sleep(cycles)
                 done.record()
-                done.synchronize()
-            else:
-                time.sleep(gpu_us * 1e-6)
             previous = results[(i - 1) % 2]
             previous.accept_lens = accepts[i % 64]
             resolve(PROCESSOR, previous, snapshot)
+            busy(python_us)
+            if cuda:
+                done.synchronize()
+            else:
+                time.sleep(gpu_us * 1e-6)
         return (time.perf_counter() - t0) / count * 1e6
 
     run(20, True)
@@ -331,8 +338,10 @@ def markdown(res: dict) -> str:
              f"torch {m['torch']}; switch interval {res['switch_interval_s'] * 1e3:g} ms. "
              f"Method: benchmarks/hook_overhead.py docstring (exporters: {res['exporters']}). "
              "Target: <= 10 µs per step at every N.", "",
-             "Headline (loop): what the scheduler thread loses per step with the tracer on, hooks and "
-             "the recorder thread's GIL time included.", "",
+             "Headline (loop): the full per-step host figure a user pays: what the scheduler thread "
+             "loses per step with the tracer on, the hooks and the GIL time of the tracer's threads in "
+             "the scheduler process included (GPU work overlaps the scheduler's Python, as in SGLang's "
+             "overlap scheduler, so no GPU time is in it).", "",
              "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | recorder CPU µs/step "
              "| hooks alone µs (hooked - unhooked) | unhooked µs | meets 10 µs "
              "| hooks alone, every request tested (fallback) µs |",

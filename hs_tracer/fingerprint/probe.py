@@ -131,43 +131,62 @@ class FingerprintProbe:
         No host sync, no allocation on CUDA, and no reference to ``x`` is kept (it may live in
         CUDA-graph memory that the next replay overwrites). Under CUDA-graph capture only the kernel
         is recorded (digest into the workspace's device buffer, window sums accumulate per replay).
-        An input whose launch graph exists (it was checked when the graph was made) goes straight
-        to the replay.
         """
+        return self.observe_rows(x, step_id) >= 0
+
+    def observe_rows(self, x: torch.Tensor, step_id: int) -> int:
+        """:meth:`observe`, returning the rows fingerprinted (``N``, 0 for an idle step) or -1 if ``x``
+        is not ``[N, K*H]``: the step path needs the count and, this way, never reads ``x.shape``
+        itself. An input whose launch graph exists (it was checked when the graph was made) goes
+        straight to the replay."""
         if self._cuda:
-            replay = self._replays.get((x.data_ptr(), x.shape, x.stride(), x.dtype))
+            shape = x.shape
+            replay = self._replays.get((x.data_ptr(), shape, x.stride(), x.dtype))
             if replay is not None and not _capturing():
-                self._ring.note(step_id, x.shape[0])
+                n = shape[0]
+                self._ring.note(step_id, n)
                 replay()
                 self.launcher.replays += 1
-                self._count_step()
-                return True
+            else:
+                n = self._checked_rows(x)
+                if n >= 0:
+                    self._observe_cuda(x, n, step_id)
+        else:
+            n = self._checked_rows(x)
+            if n >= 0:
+                self._observe_host(x, n, step_id)
+        if n < 0:
+            return n
+        self.steps += 1
+        if self.window_steps:
+            self._steps_in_window += 1
+            if self._steps_in_window >= self.window_steps:
+                self.end_window()
+        return n
+
+    def _checked_rows(self, x: torch.Tensor) -> int:
+        """Rows of ``x`` if it is ``[N, K*H]`` on the probe's device, else -1 (counted); raises for
+        another device."""
         shape = x.shape
         if len(shape) != 2 or shape[1] != self.num_slots * self.hidden:
             with self._lock:
                 self.width_mismatches += 1
                 self.last_width = shape[-1] if shape else 0
-            return False
-        n = shape[0]
-        if self._cuda:
-            if x.get_device() != self._index:
-                raise ValueError(f"probe lives on {self.device} but x is on {x.device}; "
-                                 f"create the probe on the device of the draft input")
-            self._observe_cuda(x, n, step_id)
-        else:
-            if x.device != self.device:
-                raise ValueError(f"probe lives on {self.device} but x is on {x.device}; "
-                                 f"create the probe on the device of the draft input")
-            raw = np.zeros((self.num_slots, DIGEST_WIDTH))
-            if n:
-                raw = fingerprint_host(x, self.num_slots, self.hidden, self._acc).numpy()
-            with self._lock:
-                if len(self._ready) == self.ring_size:
-                    self._ready.popleft()
-                    self._dropped += 1
-                self._ready.append((step_id, n, raw))
-        self._count_step()
-        return True
+            return -1
+        if (x.get_device() != self._index) if self._cuda else (x.device != self.device):
+            raise ValueError(f"probe lives on {self.device} but x is on {x.device}; "
+                             f"create the probe on the device of the draft input")
+        return shape[0]
+
+    def _observe_host(self, x: torch.Tensor, n: int, step_id: int) -> None:
+        raw = np.zeros((self.num_slots, DIGEST_WIDTH))
+        if n:
+            raw = fingerprint_host(x, self.num_slots, self.hidden, self._acc).numpy()
+        with self._lock:
+            if len(self._ready) == self.ring_size:
+                self._ready.popleft()
+                self._dropped += 1
+            self._ready.append((step_id, n, raw))
 
     def _observe_cuda(self, x: torch.Tensor, n: int, step_id: int) -> None:
         if torch._C._cuda_getDevice() != self._index:  # launches go to the current device
@@ -184,12 +203,6 @@ class FingerprintProbe:
             return
         self._ring.note(step_id, n)
         self.launcher.launch(x, n)
-
-    def _count_step(self) -> None:
-        self.steps += 1
-        self._steps_in_window += 1
-        if self.window_steps and self._steps_in_window >= self.window_steps:
-            self.end_window()
 
     def end_window(self) -> None:
         """Close the current window: snapshot and zero the channel accumulators, without waiting."""

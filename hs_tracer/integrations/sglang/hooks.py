@@ -146,9 +146,10 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, batch: Any, ba
     """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
     the step number goes onto ``batch_result``, which SGLang hands to the result hook later, and
     the batch's request list is noted (steps.py: which requests SGLang skips)."""
-    if st.steps is not None:
-        st.steps.observe_decode(batch_result.logits_output.hidden_states, batch_result,
-                                getattr(batch, "reqs", None))
+    steps = st.steps
+    if steps is not None:
+        steps.observe_decode(batch_result.logits_output.hidden_states, batch_result,
+                             getattr(batch, "reqs", None))
 
 
 @hook
@@ -169,11 +170,10 @@ def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, processor: Any, 
                                  batch: Any) -> None:
     """Accept lengths are on the CPU here (SGLang synchronised its own copy): record the step that
     ``result`` belongs to, for the requests SGLang committed."""
-    if st.steps is None:
-        return
-    st.steps.record(result, batch.reqs, result.accept_lens,
-                    num_draft_tokens=int(getattr(result, "speculative_num_draft_tokens", 0) or 0),
-                    max_accept_length=st.max_accept_length, processor=processor)
+    steps = st.steps
+    if steps is not None:
+        steps.record(result, batch.reqs, result.accept_lens, result.speculative_num_draft_tokens or 0,
+                     st.max_accept_length, processor=processor)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

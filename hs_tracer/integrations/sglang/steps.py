@@ -54,10 +54,10 @@ built only for the steps an exporter needs one by one (sampled spans, traced req
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from operator import attrgetter
+from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -195,10 +195,11 @@ def prefill_segments(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> 
 class _Windowed:
     """A probe and its row count towards the next window boundary."""
 
-    __slots__ = ("closed_at", "closes", "probe", "rows", "window_rows")
+    __slots__ = ("closed_at", "closes", "probe", "rows", "width", "window_rows")
 
     def __init__(self, probe: FingerprintProbe, window_rows: int) -> None:
         self.probe = probe
+        self.width = probe.num_slots * probe.hidden  # the input width the probe fingerprints
         self.rows = 0
         self.window_rows = window_rows
         self.closed_at = 0.0
@@ -247,15 +248,14 @@ class StepPath:
     # ---- draft extend (before) ---------------------------------------------------------------------
     def observe_decode(self, features: Any, result: Any, reqs: Sequence[Any] | None = None) -> None:
         """``reqs``: the request list of the batch being launched (None where the hook has none)."""
-        started = time.perf_counter()
-        self.decode_steps += 1
-        step = self.decode_steps
+        started = perf_counter()
+        step = self.decode_steps = self.decode_steps + 1
         setattr(result, STEP_ATTR, step)
         if reqs is not None:
             self._launches = (self._launches[1], (step, reqs))
         if features is not None:
             self._observe(self.decode, features, step, started)
-        self._host_s += time.perf_counter() - started
+        self._host_s += perf_counter() - started
 
     def launch_counts(self) -> dict[str, dict[str, int]]:
         """How each CUDA probe launched its kernel so far (graph replays, direct launches, graphs
@@ -273,27 +273,31 @@ class StepPath:
         return out
 
     def observe_prefill(self, features: Any, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
-        started = time.perf_counter()
+        started = perf_counter()
         self.prefill_steps += 1
         if features is not None and self.prefill is not None:
             # only the requests' extend rows: under DP attention SGLang hands over a padded tensor
             for start, end in prefill_segments(prefix_lens, extend_lens):
                 self._observe(self.prefill, features[start:end], -self.prefill_steps, started)
-        self._host_s += time.perf_counter() - started
+        self._host_s += perf_counter() - started
 
     def _observe(self, windowed: _Windowed | None, features: Any, step: int, now: float) -> None:
-        shape = features.shape
-        width = self.input_width = int(shape[-1])
+        """Fingerprint ``features``; the probe returns the row count, so ``features.shape`` (a torch
+        call) is read only where there is no probe."""
         if windowed is None:
+            self.input_width = int(features.shape[-1])
             return
-        if windowed.probe.observe(features, step):
-            windowed.rows += int(shape[0])
+        rows = windowed.probe.observe_rows(features, step)
+        if rows >= 0:
+            self.input_width = windowed.width
+            windowed.rows += rows
             if windowed.rows >= windowed.window_rows and now - windowed.closed_at >= MIN_WINDOW_S:
                 windowed.close(now)
             return
+        probe = windowed.probe
+        width = self.input_width = probe.last_width
         if not self.width_warned:  # once per process: the width finding carries it from here
             self.width_warned = True
-            probe = windowed.probe
             logger.warning("hs_tracer: draft input is %d wide, the fingerprint probe expects %d x %d; "
                            "fingerprints are off, the width finding stands", width, probe.num_slots,
                            probe.hidden)
@@ -309,7 +313,7 @@ class StepPath:
         every request. ``processor``: SGLang's result processor (its ``enable_overlap`` says
         whether the overlap scheduler runs; None: assume it does). False when no request was
         committed (no verify step)."""
-        started = time.perf_counter()
+        started = time_ns()  # the step's timestamp, and the start of this hook's host time
         if self.outbox:
             self._deliver_events()
         step = getattr(result, STEP_ATTR, None)
@@ -318,30 +322,36 @@ class StepPath:
                 self._processor = processor
                 self._overlap = processor is None or bool(getattr(processor, "enable_overlap", True)
                                                           or getattr(processor, "enable_overlap_mlx", False))
-            skip = self._skipped(step, reqs) if self._overlap and reqs else []
+            before, latest = self._launches
+            if not (self._overlap and reqs):
+                skip = []
+            elif (before is not None and before[0] == step and latest[0] == step + 1
+                  and latest[1] is before[1]):
+                skip = []  # under overlap, mostly: the running batch's list, unchanged
+            else:
+                skip = self._skipped(step, reqs, latest)
         else:
             reqs = tuple(reqs)  # a list other workers may reuse
             skip = [] if settled is None else [i for i, r in enumerate(reqs) if not settled(r)]
         if len(skip) == len(reqs):  # only requests finished or retracted before this step
-            self._host_s += time.perf_counter() - started
+            self._host_s += (time_ns() - started) * 1e-9
             return False
         pending = self.pending
         if len(pending) == pending.maxlen:
             self.dropped += 1  # the recorder is a whole deque behind: the oldest step goes
-        host_s = self._host_s + time.perf_counter() - started
+        host_s = self._host_s + (time_ns() - started) * 1e-9
         self._host_s = 0.0
         pending.append(_new_tuple(PendingStep, (
-            step if step is not None else 0, time.time_ns(), accept_lens, reqs, skip, num_draft_tokens,
+            step if step is not None else 0, started, accept_lens, reqs, skip, num_draft_tokens,
             max_accept_length, self.input_width, host_s)))
         return True
 
-    def _skipped(self, step: int | None, reqs: Sequence[Any]) -> list[int]:
-        """Indices of the requests SGLang skips in ``step`` under overlap (module docstring)."""
-        before, latest = self._launches
+    def _skipped(self, step: int | None, reqs: Sequence[Any], latest: tuple[int, Any] | None) -> list[int]:
+        """Indices of the requests SGLang skips in ``step`` under overlap (module docstring), unless the
+        next launch reused this step's request list (``record`` checks that first). ``latest``: the
+        latest decode launch."""
         if step is None or latest is None or latest[0] != step + 1:  # no later launch seen first
             candidates: Any = range(len(reqs))
-        elif before is not None and before[0] == step and latest[1] is before[1]:
-            return []  # the running batch's list, unchanged
         else:
             candidates = departed(reqs, latest[1])
         return [i for i in candidates if reqs[i].is_retracted or reqs[i].finished_reason is not None]

@@ -374,6 +374,7 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, default=None, help="HS_TRACER_PROFILE for the online diagnosis")
     ap.add_argument("--no-otel", action="store_true", help="no OpenTelemetry collector, no spans")
     ap.add_argument("--skip-hooks", action="store_true")
+    ap.add_argument("--skip-loop", action="store_true")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -404,7 +405,7 @@ def main() -> int:
                 row = bench_hooks(st, n, device, args.steps, args.rounds)
                 res["hooks"].append(row)
                 print(json.dumps(row), flush=True)
-        for n in ns:
+        for n in () if args.skip_loop else ns:
             row = bench_loop(st, n, device, args.loop_steps, args.blocks, args.python_us, args.gpu_us)
             res["loop"].append(row)
             print(json.dumps(row), flush=True)

@@ -28,7 +28,7 @@ import torch
 from hs_tracer.fingerprint.kernel import DEFAULT_CONFIG, FingerprintWorkspace, fingerprint_fused
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
-from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.fingerprint.stats import ChannelStats, with_exact_count
 from hs_tracer.fingerprint.verify import (
     RTOL,
     channel_errors,
@@ -36,7 +36,6 @@ from hs_tracer.fingerprint.verify import (
     fingerprint_float64,
     fresh_seed,
     random_draft_input,
-    with_exact_count,
     within_tolerance,
 )
 

@@ -33,6 +33,7 @@ class TracerConfig:
     metrics_port: int | None = None  # HS_TRACER_METRICS_PORT: own /metrics when SGLang's are off
     metrics_addr: str = "0.0.0.0"  # HS_TRACER_METRICS_ADDR: address that /metrics binds to
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
+    export: str = "process"  # HS_TRACER_EXPORT: exporters in a process of their own, or "thread"
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
@@ -69,6 +70,14 @@ def _existing_file(name: str, raw: str) -> Path:
     return path
 
 
+def _export(name: str, raw: str) -> str:
+    mode = raw.strip().lower()
+    if mode not in ("process", "thread"):
+        raise ValueError(f"{name}={raw!r} must be process (exporters in their own process, the default) or "
+                         "thread (in the scheduler process)")
+    return mode
+
+
 def _log_level(name: str, raw: str) -> str:
     level = raw.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -88,6 +97,7 @@ _PARSERS = {
     "HS_TRACER_METRICS_PORT": ("metrics_port", _int_in(1, 65535)),
     "HS_TRACER_METRICS_ADDR": ("metrics_addr", lambda _n, raw: raw.strip()),
     "HS_TRACER_LOG_LEVEL": ("log_level", lambda name, raw: _log_level(name, raw)),
+    "HS_TRACER_EXPORT": ("export", _export),
     "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
 }
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hs_tracer.export.analysis import AcceptanceTally, length_counts
 from hs_tracer.export.prometheus import HOST_OVERHEAD, OVERHEAD_BUCKETS, PrometheusExporter
-from hs_tracer.export.recorder import AcceptanceTally, length_counts
 from hs_tracer.records import Ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,16 +160,17 @@ def step(lengths):
 for i in range(30):
     step([1 + i % 4, 2])
 deadline = time.monotonic() + 60
-while st.recorder.acceptance.steps < 60 and time.monotonic() < deadline:
+while st.recorder.analysis.acceptance.steps < 60 and time.monotonic() < deadline:
     time.sleep(0.01)
-recorded = st.recorder.acceptance.steps
+recorded = st.recorder.analysis.acceptance.steps
+assert st.recorder.mode == "thread"  # SGLang traces requests: the exporters stay in this process
 step([2, 2])                                     # the scheduler thread's next step delivers the rest
-prom = st.recorder._prom
+prom = st.recorder.analysis._prom
 prom.flush()
 labels = {"model": "tiny", **st.ranks.labels()}
 out = {
     "request_steps": recorded,
-    "accepted_tokens": st.recorder.acceptance.accepted_tokens,
+    "accepted_tokens": st.recorder.analysis.acceptance.accepted_tokens,
     "writers": writers,
     "main": threading.current_thread().name,
     "hist_count": prom.registry.get_sample_value("hs_tracer_host_overhead_seconds_count", labels),

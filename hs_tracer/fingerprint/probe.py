@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_host
-from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
-from hs_tracer.fingerprint.verify import with_exact_count
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest, with_exact_count
 
 if TYPE_CHECKING:
     from hs_tracer.fingerprint.kernel import KernelConfig

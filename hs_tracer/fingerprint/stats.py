@@ -58,6 +58,15 @@ class StepDigest:
         return StepDigest.from_raw(self.tokens + other.tokens, merge_digest_raw(self.raw(), other.raw()))
 
 
+def with_exact_count(raw: np.ndarray, tokens: int, hidden: int) -> np.ndarray:
+    """``raw`` with its count recomputed as ``tokens * H - nonfinite``, as the probe does: a float32
+    count is exact only up to 2**24 values per slot (N*H exceeds that from N=2341 at H=7168), the
+    non-finite count up to 2**24 non-finite values."""
+    raw = np.array(raw, dtype=np.float64)
+    raw[:, 0] = tokens * hidden - raw[:, 4]
+    return raw
+
+
 def merge_digest_raw(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Merge two ``[K, DIGEST_WIDTH]`` raw digests: counts and sums add, ``absmax`` takes the maximum."""
     a = np.asarray(a, dtype=np.float64)

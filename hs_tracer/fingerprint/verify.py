@@ -69,15 +69,6 @@ def channel_errors(stats: ChannelStats, ref: ChannelStats, abs_sum: np.ndarray) 
     }
 
 
-def with_exact_count(raw: np.ndarray, tokens: int, hidden: int) -> np.ndarray:
-    """``raw`` with its count recomputed as ``tokens * H - nonfinite``, as the probe does: a float32
-    count is exact only up to 2**24 values per slot (N*H exceeds that from N=2341 at H=7168), the
-    non-finite count up to 2**24 non-finite values."""
-    raw = np.array(raw, dtype=np.float64)
-    raw[:, 0] = tokens * hidden - raw[:, 4]
-    return raw
-
-
 def within_tolerance(errors: dict[str, float], rtol: float) -> bool:
     """Exact fields exactly, sums within ``rtol``; NaN never passes."""
     exact = ("count", "nonfinite", "absmax")

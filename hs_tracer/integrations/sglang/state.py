@@ -12,7 +12,6 @@ proceeds exactly as if hs_tracer were not there.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from hs_tracer.diagnosis.findings import Finding
     from hs_tracer.export.capture import CaptureSink
     from hs_tracer.export.recorder import Recorder
+    from hs_tracer.export.report_file import ReportFile
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.integrations.sglang.steps import StepPath
 
@@ -65,7 +65,7 @@ class TracerState:
     recorder: Recorder | None = None
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _report_error: str | None = None  # the last report write the OS refused (logged once)
+    _report_file: ReportFile | None = None
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
     RING_SIZE: ClassVar[int] = 1024  # digest ring rows: steps the recorder may fall behind between batches
@@ -209,34 +209,27 @@ class TracerState:
                 "decode": self.steps.decode is not None, "prefill": self.steps.prefill is not None,
                 "decode_steps": self.steps.decode_steps, "prefill_steps": self.steps.prefill_steps,
                 "launches": self.steps.launch_counts()},
+            "export": None if self.recorder is None else self.recorder.where(),
             "capture_sink": None if self.capture is None else {
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
         }
-        if self.recorder is not None:
-            out["diagnosis"] = self.recorder.report_json()
+        diagnosis = self.recorder.report_json() if self.recorder is not None else None
+        if diagnosis is not None:
+            out["diagnosis"] = diagnosis
         elif self.static_findings:
             out["diagnosis"] = {"findings": [f.to_json() for f in self.static_findings]}
         return out
 
     def write_report(self) -> None:
-        """Write this process's status to ``HS_TRACER_REPORT_DIR`` (atomic rename), if set."""
-        report_dir = self.config.report_dir
-        if report_dir is None:
+        """Write this process's status to ``HS_TRACER_REPORT_DIR``, if set (export/report_file.py)."""
+        if self.config.report_dir is None:
             return
-        path = report_dir / f"scheduler-{os.getpid()}.json"
-        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-        try:  # recreated if removed while running; a refused write is logged once, tracing goes on
-            report_dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(self.status(), indent=2, default=str))
-            tmp.replace(path)
-            self._report_error = None
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            if self._report_error != exc.strerror:
-                self._report_error = exc.strerror
-                logger.error("hs_tracer: cannot write the report to %s (%s); tracing goes on", report_dir,
-                             exc.strerror or exc)
+        if self._report_file is None:
+            from hs_tracer.export.report_file import ReportFile
+
+            self._report_file = ReportFile(self.config.report_dir, os.getpid())
+        self._report_file.write(self.status())
 
 
 def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, Any],

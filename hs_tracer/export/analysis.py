@@ -1,0 +1,319 @@
+"""What becomes of the verify steps: acceptance, Prometheus, OpenTelemetry spans, the online diagnosis
+and the live report of one scheduler process.
+
+:class:`Analysis` is fed :class:`~hs_tracer.export.batch.StepBatch` es and diagnosis windows and never
+touches SGLang. It runs in hs_tracer's export process (``export/process.py``), so none of its Python
+takes the scheduler's GIL; only while SGLang's own request tracing is on does it run in the
+scheduler process's recorder thread (request events go through SGLang's trace contexts, which live
+there). Its input, :class:`ExportSetup`, is plain data for that reason.
+
+Cadence (:meth:`Analysis.work`): batches are worked off as they come; the online diagnosis against
+``HS_TRACER_PROFILE`` runs at most every ``DIAGNOSE_EVERY_S`` (windows closed in between are merged,
+none is lost; an idle wake-up diagnoses at once); the report is refreshed at most every
+``REPORT_EVERY_S`` while steps arrive, and once more when they stop, so it always ends on the last step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report
+from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.records import Ranks, WiringRecord
+
+if TYPE_CHECKING:
+    from hs_tracer.export.batch import StepBatch
+    from hs_tracer.profile.model import Profile
+
+logger = logging.getLogger("hs_tracer")
+
+REPORT_EVERY_S = 0.5  # how often the live report is refreshed while steps arrive
+DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
+
+
+@dataclass
+class AcceptanceTally:
+    """Counts over (request, verify step) pairs. ``accept_length`` includes the bonus token, so
+    draft position ``i`` was accepted when ``accept_length - 1 > i``."""
+
+    steps: int = 0
+    accepted_tokens: int = 0  # sum of accept lengths
+    per_position: list[int] = field(default_factory=list)
+
+    def add(self, accept_lengths: list[int], num_draft_tokens: int,
+            max_accept_length: int | None = None) -> None:
+        """``max_accept_length`` (speculative_num_steps + 1) bounds the positions that can be
+        accepted: with topk > 1 the tree has more draft tokens than that."""
+        self._grow(num_draft_tokens, max_accept_length)
+        for length in accept_lengths:
+            self.steps += 1
+            self.accepted_tokens += length
+            for i in range(min(length - 1, len(self.per_position))):
+                self.per_position[i] += 1
+
+    def add_counts(self, counts: np.ndarray, num_draft_tokens: int,
+                   max_accept_length: int | None = None) -> None:
+        """:meth:`add` for many request-steps at once: ``counts[v]`` request-steps had accept length
+        ``v`` (:func:`length_counts`), so a batch costs a few operations whatever its size."""
+        self._grow(num_draft_tokens, max_accept_length)
+        by_length = counts.tolist()  # a few entries (accept lengths are small): plain Python is cheapest
+        self.steps += sum(by_length)
+        self.accepted_tokens += sum(length * n for length, n in enumerate(by_length))
+        at_least = 0  # request-steps whose accept length is at least `length`; position i needs i + 2
+        for length in range(len(by_length) - 1, 1, -1):
+            at_least += by_length[length]
+            if length - 2 < len(self.per_position):
+                self.per_position[length - 2] += at_least
+
+    def _grow(self, num_draft_tokens: int, max_accept_length: int | None) -> None:
+        positions = max(num_draft_tokens - 1, 0)
+        if max_accept_length is not None:
+            positions = min(positions, max(max_accept_length - 1, 0))
+        if len(self.per_position) < positions:
+            self.per_position.extend([0] * (positions - len(self.per_position)))
+
+    def summary(self) -> Acceptance | None:
+        if not self.steps:
+            return None
+        return Acceptance(self.steps, self.accepted_tokens / self.steps,
+                          [n / self.steps for n in self.per_position])
+
+
+BINCOUNT_BELOW = 8192
+"""Batches of fewer request-steps are counted with one ``np.bincount``; larger ones with one
+comparison per accept-length value, which is cheaper there and runs without the GIL."""
+MAX_COMPARED_LENGTH = 64  # accept lengths are at most speculative_num_steps + 1
+
+
+def length_counts(lengths: np.ndarray) -> np.ndarray:
+    """``counts[v]``: how many of ``lengths`` equal ``v`` (values below 1 count as 0)."""
+    if not lengths.size:
+        return np.zeros(1, dtype=np.int64)
+    if lengths.size < BINCOUNT_BELOW:
+        return np.bincount(np.maximum(lengths, 0))
+    top = int(lengths.max())
+    if top > MAX_COMPARED_LENGTH:
+        return np.bincount(np.maximum(lengths, 0))
+    at_least = [lengths.size] + [int(np.count_nonzero(lengths >= v)) for v in range(1, top + 1)] + [0]
+    return -np.diff(np.asarray(at_least, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class ExportSetup:
+    """What the exporters and the diagnosis know about one scheduler process, fixed at its startup.
+    Plain data: it crosses to the export process as JSON (:meth:`to_json`)."""
+
+    wiring: WiringRecord
+    ranks: Ranks
+    static_findings: list[Finding]
+    draft_config: dict[str, Any]
+    profile: Path | None
+    span_sample: float
+    metrics_port: int | None
+    metrics_addr: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"wiring": asdict(self.wiring), "ranks": asdict(self.ranks),
+                "static_findings": [f.to_json() for f in self.static_findings],
+                "draft_config": self.draft_config, "profile": str(self.profile) if self.profile else None,
+                "span_sample": self.span_sample, "metrics_port": self.metrics_port,
+                "metrics_addr": self.metrics_addr}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ExportSetup:
+        return cls(wiring=WiringRecord(**d["wiring"]), ranks=Ranks(**d["ranks"]),
+                   static_findings=Report.from_json({"findings": d["static_findings"]}).findings,
+                   draft_config=d["draft_config"], profile=Path(d["profile"]) if d["profile"] else None,
+                   span_sample=d["span_sample"], metrics_port=d["metrics_port"],
+                   metrics_addr=d["metrics_addr"])
+
+
+@dataclass(frozen=True)
+class Health:
+    """The tracer's own health in the scheduler process (cumulative counts)."""
+
+    dropped: int = 0  # verify steps the recorder fell too far behind to take
+    hook_errors: int = 0
+    enabled: bool = True
+    input_width: int | None = None  # the draft input's width, last seen
+
+
+class Analysis:
+    """Exporters and online diagnosis for one scheduler process (module docstring).
+
+    ``request_events``: where to hand events for SGLang's request traces (the scheduler thread's
+    outbox); None in the export process, where batches carry no requests.
+    """
+
+    def __init__(self, setup: ExportSetup,
+                 request_events: Callable[[list[tuple[Any, dict[str, Any]]]], Any] | None = None) -> None:
+        self.setup = setup
+        self.acceptance = AcceptanceTally()
+        self.live: ChannelStats | None = None  # all windows so far
+        self.window_reports = 0
+        self.nonfinite = 0  # non-finite values in the draft input, all steps so far
+        self.profile: Profile | None = None
+        self.judged: Report | None = None  # the latest diagnosis against the profile
+        self.report = Report(findings=list(setup.static_findings))
+        self.health = Health()
+        self._request_events = request_events
+        self._exported_findings: set[tuple[Any, ...]] = set()
+        self._report_lock = threading.Lock()
+        self._prom: Any = None
+        self._otel: Any = None
+        self._fresh: ChannelStats | None = None  # windows folded in since the last diagnosis
+        self._diagnosed_at = -DIAGNOSE_EVERY_S
+        self._reported_at = 0.0
+        self._dirty = False
+
+    def start(self) -> None:
+        """Load the profile and start the exporters (Prometheus serves from here on)."""
+        from hs_tracer.export.otel import OtelExporter, spans_configured
+        from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
+
+        s = self.setup
+        if s.profile is not None:
+            from hs_tracer.profile.model import Profile
+
+            self.profile = Profile.load(s.profile)
+        port = metrics_port_for(s.ranks, s.metrics_port)
+        self._prom = PrometheusExporter(s.wiring.model, s.ranks, port=port, addr=s.metrics_addr)
+        self._prom.record_wiring(s.wiring)
+        for f in s.static_findings:
+            self._prom.record_finding(f)
+        if spans_configured():
+            self._otel = OtelExporter(s.wiring.model, s.ranks, sample=s.span_sample)
+            self._otel.record_wiring(s.wiring)
+
+    def close(self) -> None:
+        """Flush and stop the exporters (spans still queued after 2 s are lost)."""
+        if self._prom is not None:
+            self._prom.close()
+        if self._otel is not None:
+            self._otel.shutdown(timeout_s=2)
+
+    # ---- one wake-up -------------------------------------------------------------------------------
+    def work(self, batches: Sequence[StepBatch], window: ChannelStats | None, health: Health,
+             between: Callable[[], Any] | None = None) -> bool:
+        """Work off ``batches`` and the ``window`` read since the last call (``between`` runs between
+        two batches). True when the report was refreshed (time to write it out)."""
+        for i, batch in enumerate(batches):
+            if i and between is not None:
+                between()
+            self.on_batch(batch, last=i == len(batches) - 1)
+        got = bool(batches)
+        self.health = health
+        self._dirty |= got
+        self._dirty |= self.on_window(window, force=not got)
+        now = time.monotonic()
+        if self._dirty and (not got or now - self._reported_at > REPORT_EVERY_S):
+            self.refresh()
+            self._reported_at, self._dirty = now, False
+            return True
+        return False
+
+    def mark_dirty(self) -> None:
+        """Something outside the steps changed (health): refresh the report at the next wake-up."""
+        self._dirty = True
+
+    def on_batch(self, batch: StepBatch, last: bool = True) -> None:
+        """One pass over the batch: a fixed number of numpy calls; records only for the steps that
+        get a span (and, with SGLang's request tracing, every step: its events need one). The last
+        step's digest (the slot RMS gauge) is built for the last batch of a wake-up only."""
+        hidden = self.setup.wiring.hidden_size
+        per_step = batch.nonfinite_per_step()  # [S, K]
+        nonfinite_counts = per_step.sum(axis=0).astype(np.int64).tolist()
+        bad = np.flatnonzero(per_step.any(axis=1)).tolist() if any(nonfinite_counts) else []
+        landed = batch.landed()
+        digest = batch.digest(int(landed[-1]), hidden) if last and landed.size else None
+        counts = length_counts(batch.lengths)
+        otel = self._otel
+        if otel is not None:
+            sampled = otel.sampled_steps(len(batch), bad)
+            tracing = batch.requests is not None and self._request_events is not None
+            for i in range(len(batch)) if tracing else sampled:
+                rec = batch.record(i, self.setup.ranks, hidden)
+                otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=self._request_events)
+        last_ndt = int(batch.num_draft_tokens[-1])
+        self.acceptance.add_counts(counts, last_ndt, batch.max_accept_length)
+        self.nonfinite += sum(nonfinite_counts)
+        self._prom.record_batch(len(batch), counts, batch.draft_tokens(), int(batch.time_unix_ns[-1]),
+                                batch.input_width, digest, nonfinite_counts, batch.host_s.tolist())
+
+    def on_window(self, window: ChannelStats | None, force: bool = True) -> bool:
+        """Fold a finished fingerprint window in; re-diagnose when ``DIAGNOSE_EVERY_S`` has passed
+        since the last diagnosis, or at once when ``force``. True if the diagnosis changed.
+
+        Which rows: decode verify rows and prefill rows without position 0
+        (integrations/sglang/steps.py says why)."""
+        if window is not None:  # one merge per landed window; the running total grows per diagnosis
+            self._fresh = window if self._fresh is None else self._fresh.merge(window)
+            self.window_reports += 1
+        if self._fresh is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._diagnosed_at < DIAGNOSE_EVERY_S:
+            return False
+        fresh, self._fresh, self._diagnosed_at = self._fresh, None, now
+        self.live = fresh if self.live is None else self.live.merge(fresh)
+        self._diagnose(fresh)
+        return True
+
+    def _diagnose(self, window: ChannelStats) -> None:
+        """Judge everything seen so far against the profile (the wiring does not change while a
+        process runs, so more tokens only sharpen the verdict); the drift score is that of the
+        windows closed since the previous diagnosis."""
+        from hs_tracer.diagnosis.identity import diagnose_detailed
+
+        if self.profile is None or self.live is None:
+            return
+        width = self.health.input_width
+        detailed = diagnose_detailed(self.live, self.profile, nonfinite=self.nonfinite, width=width)
+        judged = detailed.report
+        # Drift score per slot, the diagnosis's own (docs/diagnosis.md), of the fresh windows
+        # alone; the drift alert uses it.
+        latest = detailed if window is self.live else diagnose_detailed(
+            window, self.profile, nonfinite=0, width=width)
+        drift = [m.drift_score for m in latest.matches]
+        self._prom.record_slots(judged.slots, drift)
+        if self._otel is not None:
+            self._otel.record_slots(judged.slots)
+        self.judged = judged
+
+    def refresh(self) -> None:
+        """The verdict over static findings, the latest diagnosis and acceptance so far
+        (:func:`hs_tracer.diagnosis.verdict.live_report`); new findings go to Prometheus once; the
+        health metrics follow."""
+        from hs_tracer.diagnosis.verdict import live_report
+
+        s = self.setup
+        # the static checks compared the engine's own layers_to_capture with the profile at startup
+        report = live_report(s.static_findings, self.judged, self.acceptance.summary(), self.profile,
+                             s.draft_config, engine_layers_checked=self.profile is not None)
+        static = {(f.code, f.slot) for f in s.static_findings}
+        for f in report.findings:
+            key = (f.code, f.slot, None if f.code is Code.ACCEPTANCE_DROP else f.observed)
+            if (f.code, f.slot) not in static and key not in self._exported_findings:
+                self._exported_findings.add(key)
+                self._prom.record_finding(f)
+        with self._report_lock:
+            self.report = report
+        h = self.health
+        self._prom.record_health(dropped=h.dropped, hook_errors=h.hook_errors, enabled=h.enabled,
+                                 spans_dropped=self._otel.dropped if self._otel is not None else None)
+
+    def report_json(self) -> dict[str, Any]:
+        """The ``diagnosis`` block of the live report (docs/interfaces.md)."""
+        with self._report_lock:
+            out = self.report.to_json()
+        out["windows"] = self.window_reports
+        out["profile"] = str(self.setup.profile) if self.setup.profile else None
+        return out

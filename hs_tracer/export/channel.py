@@ -1,0 +1,101 @@
+"""The pipe between a scheduler process and its export process: framed messages of JSON and arrays.
+
+A message is ``kind``, a JSON object and a list of numpy arrays. On the wire: two little-endian
+uint32 (header length, body length), the JSON header (kind, object, each array's dtype and shape),
+then the arrays' bytes back to back. Nothing is ever unpickled: the reader accepts only the dtypes
+in :data:`DTYPES` and checks every length against the header.
+
+The writer blocks when the pipe is full (the reader is behind): that holds up only the recorder
+thread, never SGLang's scheduler thread, whose hand-off queue is bounded and counts what it drops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+FRAME = struct.Struct("<II")
+DTYPES = frozenset({"<i8", "<f8", "<i4", "<f4"})
+MAX_MESSAGE = 1 << 30
+"""Largest message accepted (a diagnosis window of a 7168-wide, 8-slot model is ~1.4 MB)."""
+PIPE_BYTES = 1 << 20
+"""Pipe capacity asked for on Linux, so a window or a long batch fits without a round trip."""
+
+
+class ChannelError(RuntimeError):
+    """The other end sent something that is not a message of this protocol."""
+
+
+def encode(kind: str, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> bytes:
+    """One framed message."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    header = json.dumps({"kind": kind, "meta": meta,
+                         "arrays": [[a.dtype.str, list(a.shape)] for a in arrays]}).encode()
+    body = b"".join(a.tobytes() for a in arrays)
+    return FRAME.pack(len(header), len(body)) + header + body
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte (a pipe may take a long message in several writes)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Ask for :data:`PIPE_BYTES` of pipe buffer (Linux only; best effort)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (OSError, ImportError):
+        pass
+
+
+class Reader:
+    """Splits a byte stream into messages (feed it what ``os.read`` returned)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[str, dict[str, Any], list[np.ndarray]]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= FRAME.size:
+            head_len, body_len = FRAME.unpack_from(self._buf)
+            if head_len + body_len > MAX_MESSAGE:
+                raise ChannelError(f"message of {head_len + body_len} bytes is larger than allowed")
+            end = FRAME.size + head_len + body_len
+            if len(self._buf) < end:
+                break
+            header = bytes(self._buf[FRAME.size:FRAME.size + head_len])
+            body = bytes(self._buf[FRAME.size + head_len:end])
+            del self._buf[:end]
+            out.append(_decode(header, body))
+        return out
+
+
+def _decode(header: bytes, body: bytes) -> tuple[str, dict[str, Any], list[np.ndarray]]:
+    try:
+        head = json.loads(header)
+        kind, meta, specs = head["kind"], head["meta"], head["arrays"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ChannelError(f"unreadable message header: {exc}") from None
+    arrays, offset = [], 0
+    for dtype, shape in specs:
+        if dtype not in DTYPES or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ChannelError(f"array of dtype {dtype!r} and shape {shape!r} is not allowed")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if offset + size > len(body):
+            raise ChannelError("message body shorter than its header says")
+        arrays.append(np.frombuffer(body, dtype=dtype, count=size // np.dtype(dtype).itemsize,
+                                    offset=offset).reshape(shape))
+        offset += size
+    if offset != len(body):
+        raise ChannelError("message body longer than its header says")
+    return kind, meta, arrays

@@ -1,0 +1,200 @@
+"""hs_tracer's export process: the pipe protocol, and the process itself fed by the real per-step hooks
+with real SGLang objects (metrics scraped over HTTP from it, the report it writes, its lifetime, and
+what happens when it dies). The real engine runs it too (tests/test_engine_eagle.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hs_tracer.export import channel
+from hs_tracer.export.batch import ARRAYS, StepBatch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _batch(rng: np.random.Generator, steps: int, slots: int) -> StepBatch:
+    sizes = rng.integers(0, 5, steps)
+    tokens = rng.integers(-1, 40, steps)
+    return StepBatch(steps=np.arange(1, steps + 1), time_unix_ns=rng.integers(0, 1 << 62, steps),
+                     num_draft_tokens=np.full(steps, 4), host_s=rng.random(steps), sizes=sizes,
+                     lengths=rng.integers(1, 5, int(sizes.sum())), digest_tokens=tokens,
+                     digest_raws=rng.random((steps, slots, 5)), max_accept_length=4, input_width=24)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 64, 4096])
+def test_messages_cross_the_pipe_unchanged_however_it_splits_them(cut: int) -> None:
+    rng = np.random.default_rng(cut)
+    batches = [_batch(rng, n, 3) for n in (1, 5, 64)]
+    wire = b"".join(channel.encode("steps", {"n": i}, [getattr(b, a) for a in ARRAYS])
+                    for i, b in enumerate(batches))
+    reader, got = channel.Reader(), []
+    for start in range(0, len(wire), cut):
+        got += reader.feed(wire[start:start + cut])
+    assert [meta["n"] for _kind, meta, _arrays in got] == [0, 1, 2]
+    for batch, (kind, _meta, arrays) in zip(batches, got, strict=True):
+        assert kind == "steps"
+        for name, array in zip(ARRAYS, arrays, strict=True):
+            np.testing.assert_array_equal(array, getattr(batch, name))
+            assert array.dtype == getattr(batch, name).dtype
+
+
+@pytest.mark.parametrize("damage", ["object dtype", "short body", "long body", "not json", "huge"])
+def test_reader_refuses_anything_it_did_not_write(damage: str) -> None:
+    good = channel.encode("window", {}, [np.zeros((2, 3))])
+    head_len, body_len = channel.FRAME.unpack_from(good)
+    header = good[channel.FRAME.size:channel.FRAME.size + head_len]
+    body = good[channel.FRAME.size + head_len:]
+    if damage == "object dtype":
+        header = header.replace(b"<f8", b"|O0")
+    elif damage == "short body":
+        body = body[:-8]
+    elif damage == "long body":
+        body = body + bytes(8)
+    elif damage == "not json":
+        header = b"{" + header[1:-1]
+    elif damage == "huge":
+        body_len = channel.MAX_MESSAGE
+    if damage != "huge":
+        head_len, body_len = len(header), len(body)
+    with pytest.raises(channel.ChannelError):
+        channel.Reader().feed(channel.FRAME.pack(head_len, body_len) + header + body)
+
+
+SCHEDULER = r"""
+import json, os, signal, sys, time, urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from hs_tracer_testbed.runtime.inproc import init_world_of_one
+init_world_of_one()
+import torch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.sampling.sampling_params import SamplingParams
+from hs_tracer.config import TracerConfig
+from hs_tracer.integrations.sglang import hooks, state
+
+K, H, NDT = 3, 8, 4
+port, report_dir = int(sys.argv[1]), Path(sys.argv[2])
+st = state.install(TracerConfig(metrics_port=port, window_tokens=16, report_dir=report_dir))
+st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/m/tiny", "num_layers": 8,
+             "hidden_size": H, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
+st.target_dtype = torch.float32
+st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
+st.draft = {"architecture": "LlamaForCausalLMEagle3", "fc_in_features": K * H,
+            "num_aux_hidden_states": K, "graph_width": None}
+st.spec_args = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": NDT}
+st.finish_startup()
+batch = ScheduleBatch(reqs=[Req(r, "", [1, 2, 3], SamplingParams(max_new_tokens=8)) for r in "ab"])
+
+def step(lengths):
+    res = GenerationBatchResult(logits_output=LogitsProcessorOutput(
+        next_token_logits=None, hidden_states=torch.randn(2 * NDT, K * H)))
+    hooks.before_draft_extend_for_decode(SimpleNamespace(), batch, res)
+    res.accept_lens = torch.tensor(lengths, dtype=torch.int32)
+    res.speculative_num_draft_tokens = NDT
+    return hooks.after_resolve_spec_v2_tokens(None, None, res, batch.copy())
+
+def scrape(name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{")]
+
+def wait(cond, what):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"timed out waiting for {what}")
+
+for i in range(30):
+    step([1 + i % 4, 2])
+report_path = report_dir / f"scheduler-{os.getpid()}.json"
+wait(lambda: scrape("hs_tracer_verify_steps_total") == [30.0], "30 verify steps on /metrics")
+wait(lambda: json.loads(report_path.read_text())["diagnosis"]["acceptance"]["steps"] == 60, "the report")
+out = {"scheduler_pid": os.getpid(), "where": st.recorder.where(),
+       "accepted": scrape("hs_tracer_accepted_tokens_total"),
+       "report": json.loads(report_path.read_text())}
+
+os.kill(st.recorder.export.proc.pid, signal.SIGKILL)   # the export process dies under serving
+returned = [step([2, 2]) for _ in range(50)]           # serving goes on
+wait(lambda: not st.enabled, "tracing to switch itself off")
+out.update(enabled=st.enabled, reason=st.disabled_reason, returned=returned,
+           report_after=json.loads(report_path.read_text()))
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from tests.infra.net import free_port
+
+    report_dir = tmp_path_factory.mktemp("reports")
+    proc = subprocess.run([sys.executable, "-c", SCHEDULER, str(free_port()), str(report_dir)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_exporters_run_in_their_own_process(scheduler: dict) -> None:
+    where = scheduler["where"]
+    assert where["mode"] == "process" and where["pid"] != scheduler["scheduler_pid"]
+    assert scheduler["report"]["export"] == where
+
+
+def test_export_process_serves_the_schedulers_metrics_and_writes_its_report(scheduler: dict) -> None:
+    assert scheduler["accepted"] == [sum(i % 4 for i in range(30)) + 30]  # accepted = length - 1
+    report = scheduler["report"]
+    assert report["pid"] == scheduler["scheduler_pid"] and report["enabled"]
+    assert report["probes"]["decode_steps"] == 30
+    acceptance = report["diagnosis"]["acceptance"]
+    assert acceptance["mean_accept_length"] == pytest.approx((sum(1 + i % 4 for i in range(30)) + 60) / 60)
+
+
+def test_export_process_dying_switches_tracing_off_not_serving(scheduler: dict) -> None:
+    assert not scheduler["enabled"]
+    assert "export process" in scheduler["reason"]
+    assert scheduler["returned"] == [None] * 50  # the hooks never changed SGLang's results
+    after = scheduler["report_after"]
+    assert not after["enabled"] and after["disabled_reason"] == scheduler["reason"]
+
+
+def test_export_process_never_outlives_its_scheduler(scheduler: dict, tmp_path: Path) -> None:
+    """The pipe closes when the scheduler process exits, however it ends: the export process exits."""
+    import os
+    import signal
+    import time
+
+    from tests.infra.net import free_port
+
+    script = SCHEDULER.split("for i in range(30):")[0] + (
+        "step([2, 2])\nprint('PID', st.recorder.export.proc.pid, flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(free_port()), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    export_pid = int(line.split()[1])
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(export_pid):
+        time.sleep(0.1)
+    assert not _alive(export_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
+    except OSError:
+        return False
+    return status != "Z"  # a zombie has exited (only its parent may reap it)

@@ -20,11 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _batch(rng: np.random.Generator, steps: int, slots: int) -> StepBatch:
     sizes = rng.integers(0, 5, steps)
-    tokens = rng.integers(-1, 40, steps)
+    landed = rng.integers(0, steps + 1)
     return StepBatch(steps=np.arange(1, steps + 1), time_unix_ns=rng.integers(0, 1 << 62, steps),
                      num_draft_tokens=np.full(steps, 4), host_s=rng.random(steps), sizes=sizes,
-                     lengths=rng.integers(1, 5, int(sizes.sum())), digest_tokens=tokens,
-                     digest_raws=rng.random((steps, slots, 5)), max_accept_length=4, input_width=24)
+                     lengths=rng.integers(1, 5, int(sizes.sum())), digest_steps=np.arange(1, landed + 1),
+                     digest_tokens=rng.integers(0, 40, landed),
+                     digest_raws=rng.random((landed, slots, 5)).astype(np.float32), max_accept_length=4,
+                     input_width=24)
 
 
 @pytest.mark.parametrize("cut", [1, 7, 64, 4096])
@@ -178,7 +180,8 @@ def test_export_process_never_outlives_its_scheduler(scheduler: dict, tmp_path: 
     from tests.infra.net import free_port
 
     script = SCHEDULER.split("for i in range(30):")[0] + (
-        "step([2, 2])\nprint('PID', st.recorder.export.proc.pid, flush=True)\ntime.sleep(600)\n")
+        "step([2, 2])\nwait(lambda: st.recorder.export is not None, 'the export process')\n"
+        "print('PID', st.recorder.export.proc.pid, flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script, str(free_port()), str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
     assert proc.stdout is not None

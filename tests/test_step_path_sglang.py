@@ -157,10 +157,10 @@ for mode in ("prefill", "decode"):
     b = ScheduleBatch(reqs=[req("p")], prefix_lens=[0], extend_lens=[5])
     b.input_ids = torch.arange(5)
     hooks.before_draft_extend_for_prefill(worker, b, torch.full((5, K * H), 3.0), torch.tensor([9]))
-    st.recorder._on_window()
+    window = st.recorder._read_window()                       # what the recorder reads and ships
     roles[mode] = {"role": st.role,
                    "decode": st.steps.decode is not None, "prefill": st.steps.prefill is not None,
-                   "windows": st.recorder.window_reports}
+                   "windows": int(window is not None)}
 out["roles"] = roles
 print("RESULT " + json.dumps(out))
 """

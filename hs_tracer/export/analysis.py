@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report
-from hs_tracer.fingerprint.stats import ChannelStats
+from hs_tracer.export.batch import step_digest
+from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
+from hs_tracer.integrations.sglang.steps import DigestJoin
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ logger = logging.getLogger("hs_tracer")
 
 REPORT_EVERY_S = 0.5  # how often the live report is refreshed while steps arrive
 DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
+DIGESTS_KEPT = 8192  # digests waiting for their step's result (steps in flight are a few)
+_NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
 
 @dataclass
@@ -169,6 +173,7 @@ class Analysis:
         self._report_lock = threading.Lock()
         self._prom: Any = None
         self._otel: Any = None
+        self._digests = DigestJoin(DIGESTS_KEPT)
         self._fresh: ChannelStats | None = None  # windows folded in since the last diagnosis
         self._diagnosed_at = -DIAGNOSE_EVERY_S
         self._reported_at = 0.0
@@ -225,25 +230,31 @@ class Analysis:
         self._dirty = True
 
     def on_batch(self, batch: StepBatch, last: bool = True) -> None:
-        """One pass over the batch: a fixed number of numpy calls; records only for the steps that
-        get a span (and, with SGLang's request tracing, every step: its events need one). The last
-        step's digest (the slot RMS gauge) is built for the last batch of a wake-up only."""
+        """One pass over the batch: its digests joined to their steps, a fixed number of numpy calls
+        otherwise; records only for the steps that get a span (and, with SGLang's request tracing,
+        every step: its events need one). The last step's digest (the slot RMS gauge) is built for
+        the last batch of a wake-up only."""
         hidden = self.setup.wiring.hidden_size
-        per_step = batch.nonfinite_per_step()  # [S, K]
-        nonfinite_counts = per_step.sum(axis=0).astype(np.int64).tolist()
-        bad = np.flatnonzero(per_step.any(axis=1)).tolist() if any(nonfinite_counts) else []
-        landed = batch.landed()
-        digest = batch.digest(int(landed[-1]), hidden) if last and landed.size else None
+        self._digests.add(batch.digest_steps, batch.digest_tokens, batch.digest_raws)
+        digests = self._digests.claim(batch.steps)
+        landed = [i for i, d in enumerate(digests) if d is not None]
+        nonfinite_counts: list[int] = []
+        bad: list[int] = []
+        if landed:
+            per_step = np.stack([digests[i][1][:, _NONFINITE] for i in landed])  # type: ignore[index]
+            nonfinite_counts = per_step.sum(axis=0).astype(np.int64).tolist()
+            if any(nonfinite_counts):
+                bad = [landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()]
+        digest = step_digest(digests[landed[-1]], hidden) if last and landed else None
         counts = length_counts(batch.lengths)
         otel = self._otel
         if otel is not None:
             sampled = otel.sampled_steps(len(batch), bad)
             tracing = batch.requests is not None and self._request_events is not None
             for i in range(len(batch)) if tracing else sampled:
-                rec = batch.record(i, self.setup.ranks, hidden)
+                rec = batch.record(i, self.setup.ranks, hidden, digests[i])
                 otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=self._request_events)
-        last_ndt = int(batch.num_draft_tokens[-1])
-        self.acceptance.add_counts(counts, last_ndt, batch.max_accept_length)
+        self.acceptance.add_counts(counts, int(batch.num_draft_tokens[-1]), batch.max_accept_length)
         self.nonfinite += sum(nonfinite_counts)
         self._prom.record_batch(len(batch), counts, batch.draft_tokens(), int(batch.time_unix_ns[-1]),
                                 batch.input_width, digest, nonfinite_counts, batch.host_s.tolist())

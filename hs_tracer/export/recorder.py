@@ -163,14 +163,17 @@ class Recorder(threading.Thread):
         if steps is None:
             return
         items = steps.take_pending()
-        num_slots = steps.decode.probe.num_slots if steps.decode is not None else 0
+        if not items:
+            return
+        digests = steps.take_digests()  # drained after the steps were taken: none of theirs is missed
         requests = self.analysis is not None and _request_tracing()
         for start in range(0, len(items), CHUNK_STEPS):
             chunk = items[start:start + CHUNK_STEPS]
             if capture is not None:
                 for item in chunk:
                     capture.note_accept_lengths(item.lengths())
-            yield StepBatch.from_pending(chunk, steps.claim_raws(chunk), num_slots, requests=requests)
+            yield StepBatch.from_pending(chunk, *digests, requests=requests)
+            digests = tuple(d[:0] for d in digests)  # the digests travel with the first batch
 
     def _read_window(self) -> ChannelStats | None:
         steps = self.st.steps

@@ -250,6 +250,18 @@ class FingerprintProbe:
             out.sort(key=lambda item: item[0])
         return out
 
+    def drain_block(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`drain_raw` as arrays, oldest first: step ids ``[n]``, tokens ``[n]`` (int64) and raw
+        sums ``[n, K, 5]`` (on CUDA straight from the ring, a few array operations per call)."""
+        if self._cuda and not self._idle:
+            return self._ring.drain_block()
+        out = self.drain_raw()
+        raws = np.zeros((len(out), self.num_slots, DIGEST_WIDTH))
+        for i, (_step, _tokens, raw) in enumerate(out):
+            raws[i] = raw
+        return (np.fromiter((step for step, _t, _r in out), np.int64, len(out)),
+                np.fromiter((tokens for _s, tokens, _r in out), np.int64, len(out)), raws)
+
     def digest_of(self, tokens: int, raw: np.ndarray) -> StepDigest:
         """The digest of raw sums from :meth:`drain_raw` (count made exact on the host)."""
         return StepDigest.from_raw(tokens, with_exact_count(raw, tokens, self.hidden))

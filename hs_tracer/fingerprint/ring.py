@@ -57,30 +57,39 @@ class DigestRing:
 
     def drain(self) -> list[tuple[int, int, np.ndarray]]:
         """Consumer: ``(step_id, tokens, raw [K, 5])`` of the launches that landed since the last call,
-        oldest first, stopping at the first that has not. Never waits. The stamps of all rows due
-        are compared at once and the landed rows copied in one go (a batch of steps costs about
-        what one did)."""
-        out = []
+        oldest first (:meth:`drain_block`, one tuple per launch)."""
+        steps, tokens, raws = self.drain_block()
+        return list(zip(steps.tolist(), tokens.tolist(), raws, strict=True))
+
+    def drain_block(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Consumer: the launches that landed since the last call, oldest first, stopping at the first
+        that has not, as arrays: step ids ``[n]``, tokens ``[n]`` (int64) and raw sums ``[n, K, 5]``
+        (float32). Never waits. The stamps of all rows due are compared at once and the landed rows
+        copied in one go (a batch of steps costs about what one did)."""
         with self._read_lock:
             last, nxt, size = self.launched, self._next, self.size
             if last - nxt + 1 > size:  # rows already reused by later launches
                 self.dropped += last - size + 1 - nxt
                 nxt = last - size + 1
             if nxt > last:
-                return out
+                return _EMPTY_IDS, _EMPTY_IDS, np.zeros((0, self.num_slots, DIGEST_WIDTH), dtype=np.float32)
             seqs = np.arange(nxt, last + 1, dtype=np.int64)
             rows = seqs % size
             stamps = self._stamps[rows]
             early = np.flatnonzero(stamps < seqs)
             n = int(early[0]) if early.size else seqs.size  # landed in order up to the first that has not
             raws = self._rows[rows[:n]].copy()  # copied before the notes are checked (see module doc)
-            notes = self._notes
-            for i, (seq, row, stamp) in enumerate(zip(seqs[:n].tolist(), rows[:n].tolist(),
-                                                      stamps[:n].tolist(), strict=True)):
-                note = notes[row]
-                if stamp == seq and note is not None and note[0] == seq:
-                    out.append((note[1], note[2], raws[i]))
-                else:
-                    self.dropped += 1  # overwritten by launch seq + size before we read it
+            notes = [self._notes[row] for row in rows[:n].tolist()]
+            # a row overwritten by launch seq + size before we read it fails one of the two checks
+            due = seqs[:n].tolist()
+            intact = [note is not None and note[0] == seq for note, seq in zip(notes, due, strict=True)]
+            ok = np.asarray(intact, dtype=bool) & (stamps[:n] == seqs[:n])
+            kept = [note for note, good in zip(notes, ok.tolist(), strict=True) if good]
+            self.dropped += n - len(kept)
             self._next = nxt + n
-        return out
+        steps = np.fromiter((note[1] for note in kept), np.int64, len(kept))  # type: ignore[index]
+        tokens = np.fromiter((note[2] for note in kept), np.int64, len(kept))  # type: ignore[index]
+        return steps, tokens, raws[ok]
+
+
+_EMPTY_IDS = np.zeros(0, dtype=np.int64)

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ class PendingStep(NamedTuple):
         return [r for i, r in enumerate(self.reqs) if i not in skip]
 
 
-_ACCEPT_LENS = attrgetter("accept_lens")
+_ACCEPT_LENS, _REQS = attrgetter("accept_lens"), attrgetter("reqs")
 
 
 def committed_lengths(items: Sequence[PendingStep],
@@ -166,7 +167,10 @@ def committed_lengths(items: Sequence[PendingStep],
     skipped = [(i, item.skip) for i, item in enumerate(items) if item.skip]
     if not (sizes or skipped):
         return joined, None
-    counts = np.fromiter((t.numel() if hasattr(t, "numel") else t.size for t in lens), np.int64, len(lens))
+    counts = np.fromiter(map(len, map(_REQS, items)), np.int64, len(items))  # one length per request
+    if int(counts.sum()) != joined.size:  # never so in SGLang; count the lengths themselves then
+        counts = np.fromiter((t.numel() if hasattr(t, "numel") else t.size for t in lens), np.int64,
+                             len(lens))
     if not skipped:
         return joined, counts
     starts = np.cumsum(counts) - counts
@@ -236,9 +240,8 @@ class StepPath:
         self.prefill_steps = 0
         self.input_width: int | None = None
         self.width_warned = False
-        self._digests: dict[int, tuple[int, np.ndarray]] = {}
         ring = int(getattr(decode, "ring_size", 64))
-        self._max_pending = 4 * max(ring, capacity)
+        self._join = DigestJoin(4 * max(ring, capacity))  # for take()
         self._host_s = 0.0  # host time in the per-step hooks since the last record
         # (step, request list) of the two latest decode launches that named their requests
         self._launches: tuple[tuple[int, Any] | None, tuple[int, Any] | None] = (None, None)
@@ -368,43 +371,52 @@ class StepPath:
 
     # ---- recorder thread ---------------------------------------------------------------------------
     def take_pending(self) -> list[PendingStep]:
-        """Every step handed over so far, oldest first; digests drained from the probes."""
+        """Every step handed over so far, oldest first."""
         popleft = self.pending.popleft  # the scheduler thread only appends on the right meanwhile
-        items = [popleft() for _ in range(len(self.pending))]
+        return [popleft() for _ in range(len(self.pending))]
+
+    def take_digests(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The decode steps' digests landed so far, as arrays: step ids, tokens, raw sums ``[n, K, 5]``
+        (join them to their steps with a :class:`DigestJoin`). Prefill digests are drained and
+        dropped: they are no step's record; the windows carry prefill rows."""
         if self.prefill is not None and self.prefill is not self.decode:
-            self.prefill.probe.drain_raw()  # prefill digests are not per-step records; windows carry them
-        if self.decode is not None:
-            # prefill observations (negative numbers) are never a step's digest
-            self._digests.update({sid: (tokens, raw) for sid, tokens, raw in self.decode.probe.drain_raw()
-                                  if sid > 0})
-            while len(self._digests) > self._max_pending:  # steps whose results never came (aborted)
-                del self._digests[min(self._digests)]
-        return items
-
-    def claim_raws(self, items: Sequence[PendingStep]) -> list[tuple[int, np.ndarray] | None]:
-        """The drained ``(tokens, raw [K, 5])`` of each step's digest, ``None`` where it has not
-        landed."""
-        pop = self._digests.pop
-        return [pop(item.step, None) for item in items]
-
-    def to_record(self, item: PendingStep, digest_raw: tuple[int, np.ndarray] | None,
-                  requests: bool = True) -> StepRecord:
-        """The full :class:`StepRecord` of one pending step (for exporters that need single steps).
-        ``requests=False`` leaves the per-request lists (ids, trace contexts) empty: a sampled span
-        without SGLang's request tracing needs neither, and a batch of 1024 costs ~0.5 ms to walk."""
-        kept = item.kept() if requests else []
-        digest = None
-        if digest_raw is not None and self.decode is not None:
-            digest = self.decode.probe.digest_of(*digest_raw)
-        return StepRecord(
-            step=item.step, time_unix_ns=item.time_unix_ns, ranks=self.ranks,
-            request_ids=[r.rid for r in kept], accept_lengths=item.lengths().tolist(),
-            num_draft_tokens=item.num_draft_tokens, digest=digest, input_width=item.input_width,
-            trace_ctxs=[getattr(getattr(r, "time_stats", None), "trace_ctx", None) for r in kept],
-            max_accept_length=item.max_accept_length, host_overhead_s=item.host_s,
-        )
+            self.prefill.probe.drain_raw()
+        if self.decode is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0, DIGEST_WIDTH))
+        steps, tokens, raws = self.decode.probe.drain_block()
+        decode = steps > 0  # prefill observations (negative numbers) on a combined instance's probe
+        return steps[decode], tokens[decode], raws[decode]
 
     def take(self) -> list[StepRecord]:
         """Every pending step as a full record with its own digest (tests and single-step users)."""
+        from hs_tracer.export.batch import StepBatch
+
         items = self.take_pending()
-        return [self.to_record(item, raw) for item, raw in zip(items, self.claim_raws(items), strict=True)]
+        if not items:
+            return []
+        digests = self.take_digests()
+        self._join.add(*digests)
+        batch = StepBatch.from_pending(items, *digests, requests=True)
+        hidden = self.decode.probe.hidden if self.decode is not None else 0
+        digests = self._join.claim(batch.steps)
+        return [batch.record(i, self.ranks, hidden, digest) for i, digest in enumerate(digests)]
+
+
+class DigestJoin:
+    """Digests drained before their step's result was handed over (the overlap scheduler launches step
+    N+1 before it resolves step N), kept by step number until the step claims them. Bounded: beyond
+    ``limit`` the oldest go first (steps whose results never came: aborted)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._by_step: dict[int, tuple[int, np.ndarray]] = {}
+
+    def add(self, steps: np.ndarray, tokens: np.ndarray, raws: np.ndarray) -> None:
+        self._by_step.update(zip(steps.tolist(), zip(tokens.tolist(), raws, strict=True), strict=True))
+        while len(self._by_step) > self.limit:
+            del self._by_step[min(self._by_step)]
+
+    def claim(self, steps: np.ndarray) -> list[tuple[int, np.ndarray] | None]:
+        """``(tokens, raw [K, 5])`` of each step's digest, ``None`` where it has not landed."""
+        pop = self._by_step.pop
+        return [pop(step, None) for step in steps.tolist()]

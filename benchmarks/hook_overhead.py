@@ -114,6 +114,12 @@ class StandInProbe:
         out, self.pending = self.pending, []
         return out
 
+    def drain_block(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = self.drain_raw()  # the CUDA ring copies the landed rows as one block
+        steps, tokens, _raws = zip(*out, strict=False) if out else ((), (), ())
+        raws = np.broadcast_to(self._raw, (len(out), SLOTS, DIGEST_WIDTH))
+        return np.array(steps, dtype=np.int64), np.array(tokens, dtype=np.int64), raws
+
     def digest_of(self, tokens: int, raw: np.ndarray):
         from hs_tracer.fingerprint.stats import StepDigest
 

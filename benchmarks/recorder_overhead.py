@@ -8,18 +8,21 @@ round runs one child process per revision, alternating (before, after, before, a
 child importing hs_tracer from its own checkout and measuring every N in {1,16,64,256,1024,4096}
 (draft-input rows; batch = N/4 real SGLang ``Req`` objects). Per N a child measures:
 
-* recorder CPU µs/step: ``--steps`` verify steps go through the real per-step hooks (SGLang's
-  ``HookRegistry`` wrappers, the CPU stand-in probe of benchmarks/hook_overhead.py), then the
-  recorder works them off as one wake-up of its thread does (``_on_steps`` + ``_on_window``),
-  timed with ``time.process_time``: the recorder's own work plus the OpenTelemetry span processor's
-  encoding and POSTs (spans at the default 1% shipped over OTLP/HTTP to a collector in another
-  process, flushed every 10 batches) and the metrics flusher. Median over ``--batches`` batches;
-  as many batches without the span exporter alternate with them ("without spans").
-* scheduler loss µs/step: benchmarks/hook_overhead.py's loop (a scheduler thread doing 300 µs of
-  Python and a 100 µs GIL-free wait per step, the hooks, and the real recorder thread at its
-  production cadence with Prometheus serving and spans on), median over block pairs of on - off.
-  On a shared 2-core machine this includes CPU contention from other processes: compare the two
-  revisions within one run, not across runs.
+* the scheduler process's recorder CPU µs/step: ``--steps`` verify steps go through the real
+  per-step hooks (SGLang's ``HookRegistry`` wrappers, the CPU stand-in probe of
+  benchmarks/hook_overhead.py), then the recorder works them off as one wake-up of its thread does,
+  timed with ``time.process_time`` (every thread of the scheduler process). With the exporters in
+  the scheduler process (revisions before the export process, or ``HS_TRACER_EXPORT=thread``) that
+  is the recorder's work plus the OpenTelemetry span processor's encoding and POSTs (spans at the
+  default 1% shipped over OTLP/HTTP to a collector in another process, flushed every 10 batches)
+  and the metrics flusher; with the export process it is the batching and the pipe write, and the
+  export process's own CPU is reported beside it (from /proc, summed over all batches). Median over
+  ``--batches`` batches; as many batches without the span exporter alternate with them ("without
+  spans"; the same work where the spans live in the export process).
+* with ``--loop``, scheduler loss µs/step: benchmarks/hook_overhead.py's loop, median over block
+  pairs of on - off.
+On a shared 2-core machine this includes CPU contention from other processes: compare the two
+revisions within one run, not across runs.
 """
 
 from __future__ import annotations
@@ -60,40 +63,83 @@ def child(args: argparse.Namespace) -> None:
         rec = Recorder(st)
         st.recorder = rec
         rec._setup()
-        otel = rec._otel
+        wake = Wake(rec)
         per_step: dict[bool, list[float]] = {True: [], False: []}
+        export_cpu: list[float] = []
         for b in range(2 * args.batches + 2):  # two warm-up batches (first span, HTTP connection)
-            spans = b % 2 == 0  # batches with and without the span exporter alternate
-            rec._otel = otel if spans else None
+            spans = b % 2 == 0  # batches with and without the span exporter alternate (in-process only)
+            wake.spans(spans)
             for i in range(args.steps):
                 ho.TRACED_DECODE(None, running, result)
                 result.accept_lens = accepts[i % 64]
                 ho.TRACED_RESOLVE(processor, result, snapshot)
-            t0 = time.process_time()
-            rec._on_steps()
-            rec._on_window(force=False)
-            if otel is not None and spans and b % 10 == 8:
-                otel.force_flush()
+            t0, e0 = time.process_time(), wake.export_cpu_s()
+            wake()
+            if spans and b % 10 == 8:
+                wake.flush()
             if b >= 2:
                 per_step[spans].append((time.process_time() - t0) / args.steps * 1e6)
-        rec._prom.close()
-        if otel is not None:
-            otel.shutdown()
-        loop = ho.bench_loop(st, n, cpu_device, args.loop_steps, args.blocks, 300.0, 100.0)
+                export_cpu.append((wake.export_cpu_s() - e0) / args.steps * 1e6)
+        wake.close()
         row = {"N": n, "batch": bs, "recorder_cpu_us_per_step": statistics.median(per_step[True]),
                "recorder_cpu_us_per_step_no_spans": statistics.median(per_step[False]),
-               "recorder_cpu_us_batches": per_step[True], "lost_us_per_step": loop["lost_us_per_step"],
-               "lost_us_blocks": loop["lost_us_blocks"], "loop_recorder_cpu_us_per_step":
-               loop["recorder_cpu_us_per_step"], "spans": otel is not None}
+               "recorder_cpu_us_batches": per_step[True], "export_process_cpu_us_per_step":
+               statistics.fmean(export_cpu) if wake.process else None}
+        if args.loop:
+            loop = ho.bench_loop(st, n, cpu_device, args.loop_steps, args.blocks, 300.0, 100.0)
+            row.update(lost_us_per_step=loop["lost_us_per_step"], lost_us_blocks=loop["lost_us_blocks"])
         out.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     print("RESULT " + json.dumps(out), flush=True)
 
 
+class Wake:
+    """One wake-up of the recorder thread, for either design: the exporters in the scheduler process
+    (``_on_steps`` + ``_on_window``, revisions before the export process) or the recorder thread
+    shipping batches to the export process (``_wake``; the export process's CPU read from /proc)."""
+
+    def __init__(self, rec: object) -> None:
+        self.rec = rec
+        self.process = getattr(rec, "export", None) is not None
+        self.otel = getattr(rec, "_otel", None)
+
+    def spans(self, on: bool) -> None:
+        if not self.process:
+            self.rec._otel = self.otel if on else None
+
+    def __call__(self) -> None:
+        if self.process:
+            self.rec._wake()
+        else:
+            self.rec._on_steps()
+            self.rec._on_window(force=False)
+
+    def flush(self) -> None:
+        if self.otel is not None:
+            self.otel.force_flush()
+
+    def export_cpu_s(self) -> float:
+        """CPU seconds the export process has used so far (0 without one); /proc ticks are 10 ms, so
+        only sums over many batches mean anything."""
+        if not self.process:
+            return 0.0
+        fields = Path(f"/proc/{self.rec.export.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        if self.process:
+            self.rec.export.close()
+            return
+        self.rec._prom.close()
+        if self.otel is not None:
+            self.otel.shutdown()
+
+
 def run_child(checkout: Path, args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--ns", args.ns,
            "--steps", str(args.steps), "--batches", str(args.batches),
-           "--loop-steps", str(args.loop_steps), "--blocks", str(args.blocks)]
+           "--loop-steps", str(args.loop_steps), "--blocks", str(args.blocks),
+           *(["--loop"] if args.loop else [])]
     proc = subprocess.run(cmd, cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode:
@@ -112,6 +158,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--loop-steps", type=int, default=1000)
     ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--loop", action="store_true", help="also run benchmarks/hook_overhead.py's loop per N")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -132,9 +179,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, checkout in (("before", args.before.resolve()), ("after", REPO)):
                 runs[name].append(run_child(checkout, args, env))
-                got = ", ".join(f"N={r['N']} {r['recorder_cpu_us_per_step']:.1f}/{r['lost_us_per_step']:.1f}"
-                                for r in runs[name][-1])
-                print(f"{name} (recorder CPU/lost µs per step): {got}", flush=True)
+                got = ", ".join(f"N={r['N']} {r['recorder_cpu_us_per_step']:.1f}" for r in runs[name][-1])
+                print(f"{name} (scheduler process's recorder CPU µs per step): {got}", flush=True)
     finally:
         collector.kill()
     rows = []
@@ -145,7 +191,10 @@ def main() -> None:
                 r[i]["recorder_cpu_us_per_step"] for r in per_round)
             row[f"{name}_recorder_cpu_us_no_spans"] = statistics.median(
                 r[i]["recorder_cpu_us_per_step_no_spans"] for r in per_round)
-            row[f"{name}_lost_us"] = statistics.median(r[i]["lost_us_per_step"] for r in per_round)
+            export = [r[i]["export_process_cpu_us_per_step"] for r in per_round]
+            row[f"{name}_export_process_cpu_us"] = None if None in export else statistics.median(export)
+            if args.loop:
+                row[f"{name}_lost_us"] = statistics.median(r[i]["lost_us_per_step"] for r in per_round)
         rows.append(row)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     res = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -154,14 +203,15 @@ def main() -> None:
                        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
            "method": __doc__.strip(), "args": {k: str(v) for k, v in vars(args).items()},
            "rows": rows, "runs": runs}
-    print("| N | recorder CPU µs/step, spans at 1%: before | after | ratio | without spans: before | after "
-          "| ratio | scheduler lost µs/step: before | after |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| N | scheduler process's recorder CPU µs/step, spans at 1%: before | after | ratio | without "
+          "spans: before | after | ratio | export process CPU µs/step: after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         b, a = r["before_recorder_cpu_us"], r["after_recorder_cpu_us"]
         b0, a0 = r["before_recorder_cpu_us_no_spans"], r["after_recorder_cpu_us_no_spans"]
+        e = r["after_export_process_cpu_us"]
         print(f"| {r['N']} | {b:.1f} | {a:.1f} | {b / a:.1f}x | {b0:.1f} | {a0:.1f} | {b0 / a0:.1f}x | "
-              f"{r['before_lost_us']:.1f} | {r['after_lost_us']:.1f} |")
+              f"{'-' if e is None else f'{e:.1f}'} |")
     if args.out is not None:
         args.out.write_text(json.dumps(res, indent=2) + "\n")
 

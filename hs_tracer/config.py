@@ -33,7 +33,7 @@ class TracerConfig:
     metrics_port: int | None = None  # HS_TRACER_METRICS_PORT: own /metrics when SGLang's are off
     metrics_addr: str = "0.0.0.0"  # HS_TRACER_METRICS_ADDR: address that /metrics binds to
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
-    export: str = "process"  # HS_TRACER_EXPORT: exporters in a process of their own, or "thread"
+    export: str = "thread"  # HS_TRACER_EXPORT: exporters in the recorder thread, or "process" (their own)
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
@@ -73,8 +73,8 @@ def _existing_file(name: str, raw: str) -> Path:
 def _export(name: str, raw: str) -> str:
     mode = raw.strip().lower()
     if mode not in ("process", "thread"):
-        raise ValueError(f"{name}={raw!r} must be process (exporters in their own process, the default) or "
-                         "thread (in the scheduler process)")
+        raise ValueError(f"{name}={raw!r} must be thread (exporters in the scheduler process's recorder "
+                         "thread, the default) or process (in a process of their own)")
     return mode
 
 

@@ -128,8 +128,9 @@ ENGINES: dict[str, EngineSpec] = {
                           scraped=True, linger_s=3.0),
     "aux_off": EngineSpec("aux_off", ("diagnosis",)),
     "ids_top_level": EngineSpec("ids_top_level", ("diagnosis",)),
+    # exporters in their own process (HS_TRACER_EXPORT=process): scraped, spans, diagnosis, capture
     "ids_shifted": EngineSpec("ids_shifted", ("diagnosis", "replay"), capture=True, scraped=True,
-                              linger_s=3.0),
+                              linger_s=3.0, env=(("HS_TRACER_EXPORT", "process"),)),
     "d2t_regenerated": EngineSpec("d2t_regenerated", ("diagnosis",)),
     **{f"fault:{kind}": EngineSpec("testbed", ("lossless",),
                                    env=(("HS_TRACER_FAULT_INJECT", where), *shape.get("env", ())),

@@ -84,7 +84,7 @@ from hs_tracer.integrations.sglang import hooks, state
 
 K, H, NDT = 3, 8, 4
 port, report_dir = int(sys.argv[1]), Path(sys.argv[2])
-st = state.install(TracerConfig(metrics_port=port, window_tokens=16, report_dir=report_dir))
+st = state.install(TracerConfig(metrics_port=port, window_tokens=16, report_dir=report_dir, export="process"))
 st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/m/tiny", "num_layers": 8,
              "hidden_size": H, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
 st.target_dtype = torch.float32

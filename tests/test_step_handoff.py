@@ -49,7 +49,8 @@ def test_committed_lengths_of_a_batch_equal_each_steps_own() -> None:
     step's own ``lengths()`` keeps, in order, with the per-step counts."""
     import torch
 
-    from hs_tracer.integrations.sglang.steps import PendingStep, committed_lengths
+    from hs_tracer.export.batch import committed_lengths
+    from hs_tracer.integrations.sglang.steps import PendingStep
 
     rng = np.random.default_rng(3)
 
@@ -58,14 +59,18 @@ def test_committed_lengths_of_a_batch_equal_each_steps_own() -> None:
         accept = torch.tensor(lens, dtype=torch.int32) if tensor else lens.tolist()
         return PendingStep(i, 0, accept, tuple(range(6)), skip, 4, None, None, 0.0)
 
+    def join(items: list[PendingStep]) -> tuple[np.ndarray, np.ndarray]:
+        return committed_lengths([p.accept_lens for p in items], [p.reqs for p in items],
+                                 [p.skip for p in items])
+
     plain = [step(i, []) for i in range(5)]
-    joined, sizes = committed_lengths(plain)
-    assert sizes is None and joined.tolist() == np.concatenate([p.lengths() for p in plain]).tolist()
+    joined, sizes = join(plain)
+    assert joined.tolist() == np.concatenate([p.lengths() for p in plain]).tolist()
+    assert sizes.tolist() == [6] * 5
     mixed = [step(0, [1, 5]), step(1, []), step(2, [0], tensor=False), step(3, [2, 3, 4])]
-    joined, sizes = committed_lengths(mixed)
+    joined, sizes = join(mixed)
     assert joined.tolist() == np.concatenate([p.lengths() for p in mixed]).tolist()
-    assert sizes is not None and sizes.tolist() == [4, 6, 5, 3]
-    assert committed_lengths(plain, sizes=True)[1].tolist() == [6] * 5
+    assert sizes.tolist() == [4, 6, 5, 3]
 
 
 def test_sampled_steps_of_a_batch_equal_asking_step_by_step() -> None:

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hs_tracer.fingerprint.stats import StepDigest, with_exact_count
-from hs_tracer.integrations.sglang.steps import committed_lengths
+from hs_tracer.fingerprint.stats import StepDigest
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
@@ -59,16 +58,15 @@ class StepBatch:
                      digest_raws: np.ndarray, requests: bool = False) -> StepBatch:
         """One batch from pending steps (at least one) and the digests drained with them.
         ``requests``: keep each step's committed request objects (for SGLang request traces)."""
-        columns = list(zip(*items, strict=True))
-        lengths, sizes = committed_lengths(items, sizes=True)
+        columns = list(zip(*items, strict=False))  # every item has all of PendingStep's fields
+        lengths, sizes = committed_lengths(columns[_ACCEPT_LENS], columns[_REQS], columns[_SKIP])
         width = next((w for w in reversed(columns[_WIDTH]) if w is not None), None)
         return cls(
             steps=np.array(columns[_STEP], dtype=np.int64),
             time_unix_ns=np.array(columns[_TIME], dtype=np.int64),
             num_draft_tokens=np.array(columns[_NUM_DRAFT_TOKENS], dtype=np.int64),
             host_s=np.array(columns[_HOST_S], dtype=np.float64),
-            sizes=sizes if sizes is not None else np.zeros(len(items), dtype=np.int64),
-            lengths=lengths.astype(np.int64, copy=False),
+            sizes=sizes, lengths=lengths,
             digest_steps=digest_steps, digest_tokens=digest_tokens, digest_raws=digest_raws,
             max_accept_length=columns[_MAX_ACCEPT][-1], input_width=width,
             requests=[item.kept() for item in items] if requests else None,
@@ -98,9 +96,37 @@ class StepBatch:
         )
 
 
+def committed_lengths(accept_lens: Sequence[Any], reqs: Sequence[Sequence[Any]],
+                      skips: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every committed request's accept length over a run of steps, joined in order (int64), and how
+    many each step committed. Per step: SGLang's accept lengths (a CPU tensor, or a sequence), its
+    request list and the indices SGLang skipped.
+
+    SGLang's per-step tensors are joined by one ``torch.cat`` and the skipped requests removed by one
+    ``np.delete``, so a run costs a few calls whatever its length (per step only list operations);
+    plain sequences (tests, the V1 worker) are converted one by one."""
+    import torch
+
+    if set(map(type, accept_lens)) == {torch.Tensor}:
+        joined = (torch.cat(accept_lens) if len(accept_lens) > 1 else accept_lens[0]).numpy().reshape(-1)
+    else:
+        joined = np.concatenate([np.asarray(t.numpy() if hasattr(t, "numpy") else t).reshape(-1)
+                                 for t in accept_lens])
+    joined = joined.astype(np.int64, copy=False)
+    counts = np.fromiter(map(len, reqs), np.int64, len(reqs))  # one accept length per request
+    if int(counts.sum()) != joined.size:  # never so in SGLang; count the lengths themselves then
+        counts = np.fromiter((t.numel() if hasattr(t, "numel") else len(t) for t in accept_lens), np.int64,
+                             len(accept_lens))
+    skipped = [(i, skip) for i, skip in enumerate(skips) if skip]
+    if not skipped:
+        return joined, counts
+    starts = np.cumsum(counts) - counts
+    drop = np.concatenate([np.asarray(skip, dtype=np.int64) + starts[i] for i, skip in skipped])
+    for i, skip in skipped:
+        counts[i] -= len(skip)
+    return np.delete(joined, drop), counts
+
+
 def step_digest(digest: tuple[int, np.ndarray] | None, hidden: int) -> StepDigest | None:
-    """The :class:`StepDigest` of drained ``(tokens, raw)`` sums (count made exact on the host)."""
-    if digest is None:
-        return None
-    tokens, raw = digest
-    return StepDigest.from_raw(tokens, with_exact_count(raw, tokens, hidden))
+    """The :class:`StepDigest` of drained ``(tokens, raw)`` sums, if any."""
+    return None if digest is None else StepDigest.from_kernel(*digest, hidden)

@@ -64,19 +64,20 @@ class Reader:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[tuple[str, dict[str, Any], list[np.ndarray]]]:
+        """The messages completed by ``data``, in order (the rest is kept for the next call)."""
         self._buf += data
-        out = []
-        while len(self._buf) >= FRAME.size:
-            head_len, body_len = FRAME.unpack_from(self._buf)
+        out, pos, buf = [], 0, self._buf
+        while len(buf) - pos >= FRAME.size:
+            head_len, body_len = FRAME.unpack_from(buf, pos)
             if head_len + body_len > MAX_MESSAGE:
                 raise ChannelError(f"message of {head_len + body_len} bytes is larger than allowed")
-            end = FRAME.size + head_len + body_len
-            if len(self._buf) < end:
+            start = pos + FRAME.size
+            end = start + head_len + body_len
+            if len(buf) < end:
                 break
-            header = bytes(self._buf[FRAME.size:FRAME.size + head_len])
-            body = bytes(self._buf[FRAME.size + head_len:end])
-            del self._buf[:end]
-            out.append(_decode(header, body))
+            out.append(_decode(bytes(buf[start:start + head_len]), bytes(buf[start + head_len:end])))
+            pos = end
+        del buf[:pos]  # once per call
         return out
 
 

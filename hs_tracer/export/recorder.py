@@ -7,12 +7,13 @@ and turns each run of ``CHUNK_STEPS`` into a :class:`~hs_tracer.export.batch.Ste
 number of numpy calls whatever its size), reads the diagnosis window the probe has landed, polls
 the capture sink, and hands all of it on. Where it goes (:func:`export_mode`):
 
-* ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe.
-  Acceptance, Prometheus, OpenTelemetry spans, the online diagnosis and the live report run there,
-  on their own interpreter; the scheduler process keeps only this thread's batching.
-* ``thread``: to an :class:`~hs_tracer.export.analysis.Analysis` in this thread. Used while SGLang's
-  request tracing is on (events on its request traces go through trace contexts that live in the
-  scheduler process) or when ``HS_TRACER_EXPORT=thread`` asks for it.
+* ``thread`` (the default): to an :class:`~hs_tracer.export.analysis.Analysis` in this thread:
+  acceptance, Prometheus, OpenTelemetry spans, the online diagnosis and the live report. Always so
+  while SGLang's request tracing is on (events on its request traces go through trace contexts
+  that live in the scheduler process).
+* ``process`` (``HS_TRACER_EXPORT=process``): to hs_tracer's export process (``export/process.py``)
+  through a pipe; the analysis runs there, on its own interpreter, and the scheduler process keeps
+  only this thread's batching and the pipe writes.
 
 Why so little here: this thread shares the scheduler's GIL, so every microsecond of Python it runs
 is a microsecond the scheduler thread may wait. Waking once per step and doing per-step Python cost
@@ -29,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.export.analysis import Analysis, ExportSetup, Health
+from hs_tracer.export.analysis import DIAGNOSE_EVERY_S, Analysis, ExportSetup, Health
 from hs_tracer.export.batch import StepBatch
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class Recorder(threading.Thread):
         self._stopping = threading.Event()
         self._sent_health: Health | None = None
         self._status_at = 0.0
+        self._window: ChannelStats | None = None  # windows read since the last one sent
+        self._window_at = 0.0
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -140,10 +143,14 @@ class Recorder(threading.Thread):
             export.send_batch(batch)
             sent += 1
         self._poll_capture()
-        window = self._read_window()
+        window = self._read_window()  # folded every wake-up: the probe's snapshot slots stay free
         if window is not None:
-            export.send_window(window)
-        health, now = self._health(), time.monotonic()
+            self._window = window if self._window is None else self._window.merge(window)
+        now = time.monotonic()
+        if self._window is not None and (not sent or now - self._window_at >= DIAGNOSE_EVERY_S):
+            export.send_window(self._window)  # as often as the export process diagnoses, or when idle
+            self._window, self._window_at = None, now
+        health = self._health()
         if health != self._sent_health or (sent and now - self._status_at > STATUS_EVERY_S):
             export.send_status(self.st.status(), health)
             self._sent_health, self._status_at = health, now

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_host
-from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest, with_exact_count
+from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
 
 if TYPE_CHECKING:
     from hs_tracer.fingerprint.kernel import KernelConfig
@@ -264,7 +264,7 @@ class FingerprintProbe:
 
     def digest_of(self, tokens: int, raw: np.ndarray) -> StepDigest:
         """The digest of raw sums from :meth:`drain_raw` (count made exact on the host)."""
-        return StepDigest.from_raw(tokens, with_exact_count(raw, tokens, self.hidden))
+        return StepDigest.from_kernel(tokens, raw, self.hidden)
 
     @property
     def dropped(self) -> int:

@@ -48,6 +48,12 @@ class StepDigest:
             slots.append(SlotDigest(int(count), total / n, math.sqrt(sumsq / n), absmax, int(nonfinite)))
         return cls(tokens, tuple(slots))
 
+    @classmethod
+    def from_kernel(cls, tokens: int, raw: np.ndarray, hidden: int) -> StepDigest:
+        """Build from the raw sums a probe drained for ``tokens`` rows of hidden size ``hidden``, the
+        count made exact on the host (:func:`with_exact_count`)."""
+        return cls.from_raw(tokens, with_exact_count(raw, tokens, hidden))
+
     def raw(self) -> np.ndarray:
         """The ``[K, DIGEST_WIDTH]`` float64 sums this digest came from (inverse of :meth:`from_raw`)."""
         return np.array([[s.count, s.mean * s.count, s.rms * s.rms * s.count, s.absmax, s.nonfinite]

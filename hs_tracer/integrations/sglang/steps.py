@@ -56,7 +56,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from time import perf_counter, time_ns
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -143,41 +142,6 @@ class PendingStep(NamedTuple):
     def kept(self) -> list[Any]:
         skip = set(self.skip)
         return [r for i, r in enumerate(self.reqs) if i not in skip]
-
-
-_ACCEPT_LENS, _REQS = attrgetter("accept_lens"), attrgetter("reqs")
-
-
-def committed_lengths(items: Sequence[PendingStep],
-                      sizes: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-    """Every committed request's accept length of ``items`` joined in order, and, when ``sizes`` or
-    when a step skipped requests, how many each step committed (else ``None``).
-
-    The recorder's batches: SGLang's per-step CPU tensors are joined by one ``torch.cat`` and the
-    skipped requests removed by one ``np.delete``, so a batch costs a few calls whatever its size
-    (per step only list operations). Plain sequences (tests, the V1 worker) go one by one."""
-    import torch
-
-    lens = list(map(_ACCEPT_LENS, items))
-    if set(map(type, lens)) == {torch.Tensor}:
-        joined = (torch.cat(lens) if len(lens) > 1 else lens[0]).numpy().reshape(-1)
-    else:
-        lens = [np.asarray(t.numpy() if hasattr(t, "numpy") else t).reshape(-1) for t in lens]
-        joined = np.concatenate(lens)
-    skipped = [(i, item.skip) for i, item in enumerate(items) if item.skip]
-    if not (sizes or skipped):
-        return joined, None
-    counts = np.fromiter(map(len, map(_REQS, items)), np.int64, len(items))  # one length per request
-    if int(counts.sum()) != joined.size:  # never so in SGLang; count the lengths themselves then
-        counts = np.fromiter((t.numel() if hasattr(t, "numel") else t.size for t in lens), np.int64,
-                             len(lens))
-    if not skipped:
-        return joined, counts
-    starts = np.cumsum(counts) - counts
-    drop = np.concatenate([np.asarray(skip, dtype=np.int64) + starts[i] for i, skip in skipped])
-    for i, skip in skipped:
-        counts[i] -= len(skip)
-    return np.delete(joined, drop), counts
 
 
 def prefill_segments(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> list[tuple[int, int]]:

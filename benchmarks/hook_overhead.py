@@ -49,6 +49,7 @@ import time
 from array import array
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -139,9 +140,9 @@ TRACED_RESOLVE = _wrap_fn(resolve_spec_v2_tokens, hooks.after_resolve_spec_v2_to
 PROCESSOR = SimpleNamespace(enable_overlap=True, enable_overlap_mlx=False)  # SGLang's default scheduler
 
 
-def make_state(device: torch.device, profile: Path | None) -> state.TracerState:
+def make_state(device: torch.device, profile: Path | None, export: str = "thread") -> state.TracerState:
     """Tracer state as ``finish_startup`` leaves it, minus the recorder (each "on" block starts one)."""
-    st = state.install(TracerConfig(metrics_port=0, profile=profile))
+    st = state.install(TracerConfig(metrics_port=0, profile=profile, export=export))
     st.wiring = WiringRecord(model="bench", target_arch="DeepseekV3ForCausalLM", num_layers=61,
                              hidden_size=HIDDEN, layers_to_capture=[2, 30, 58],
                              sources=["block:1", "block:29", "block:57"],
@@ -306,25 +307,32 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
     run(20, True)
     run(20, False)
     st.steps.take_pending()
-    off, on, recorder_cpu = [], [], []
+    off, on, recorder_cpu, export_cpu = [], [], [], []
     recorder = None
     steps_seen = windows = 0
+    spans = False
     for _ in range(blocks):
         off.append(run(steps, False))
         recorder = Recorder(st)
         st.recorder = recorder
         recorder.start()
-        while recorder._prom is None and recorder.is_alive():  # set-up (exporter, server) is not per step
+        # set-up (exporters, server, the export process) is not per step
+        while recorder.analysis is None and recorder.export is None and recorder.is_alive():
             time.sleep(0.001)
-        time.sleep(0.1)
+        time.sleep(0.1 if recorder.export is None else 2.0)  # an export process imports its exporters
         clock = time.pthread_getcpuclockid(recorder.ident)
-        c0 = time.clock_gettime(clock)
+        c0, e0 = time.clock_gettime(clock), export_process_cpu_s(recorder)
         on.append(run(steps, True))
         recorder_cpu.append((time.clock_gettime(clock) - c0) / steps * 1e6)
+        export_cpu.append((export_process_cpu_s(recorder) - e0) / steps * 1e6)
         recorder.stop()
         recorder.join(timeout=10)
-        steps_seen += recorder.acceptance.steps
-        windows += recorder.window_reports
+        if recorder.analysis is not None:
+            steps_seen += recorder.analysis.acceptance.steps
+            windows += recorder.analysis.window_reports
+            spans = recorder.analysis._otel is not None
+        else:
+            spans = bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     assert st.enabled, st.disabled_reason
     lost = [b - a for a, b in zip(off, on, strict=True)]
     return {"N": n, "batch": bs, "steps_per_block": steps, "blocks": blocks,
@@ -332,9 +340,21 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
             "step_us_off": statistics.median(off), "step_us_on": statistics.median(on),
             "lost_us_per_step": statistics.median(lost), "lost_us_blocks": lost,
             "recorder_cpu_us_per_step": statistics.median(recorder_cpu),
-            "recorded_request_steps": steps_seen, "windows": windows,
-            "spans": recorder._otel is not None if recorder else False,
-            "steps_dropped": st.dropped}
+            "export": st.config.export,
+            "export_process_cpu_us_per_step": (statistics.fmean(export_cpu) if st.config.export == "process"
+                                               else None),
+            "recorded_request_steps": steps_seen if st.config.export == "thread" else None,
+            "windows": windows if st.config.export == "thread" else None,
+            "spans": spans, "steps_dropped": st.dropped}
+
+
+def export_process_cpu_s(recorder: Any) -> float:
+    """CPU seconds the recorder's export process has used so far (0 without one). /proc counts in
+    clock ticks (10 ms): only sums over many steps mean anything."""
+    if recorder.export is None:
+        return 0.0
+    fields = Path(f"/proc/{recorder.export.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def markdown(res: dict) -> str:
@@ -381,6 +401,8 @@ def main() -> int:
     ap.add_argument("--no-otel", action="store_true", help="no OpenTelemetry collector, no spans")
     ap.add_argument("--skip-hooks", action="store_true")
     ap.add_argument("--skip-loop", action="store_true")
+    ap.add_argument("--export", choices=("thread", "process"), default="thread",
+                    help="HS_TRACER_EXPORT: the exporters in the recorder thread or in their own process")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -392,7 +414,7 @@ def main() -> int:
         os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     try:
         device = torch.device(args.device)
-        st = make_state(device, args.profile)
+        st = make_state(device, args.profile, args.export)
         ns = [int(v) for v in args.ns.split(",")]
         exporters = ["Prometheus"] + ([] if args.no_otel else ["OpenTelemetry spans"]) + (
             ["online diagnosis"] if args.profile else [])

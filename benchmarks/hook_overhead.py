@@ -1,7 +1,8 @@
 """What hs_tracer costs SGLang's scheduler thread per decode step: the per-step hooks through SGLang's
-own HookRegistry wrappers, plus the recorder thread and its exporters sharing the GIL.
+own HookRegistry wrappers, plus the tracer's threads in the scheduler process sharing the GIL.
 
     PYTHONPATH=. python benchmarks/hook_overhead.py [--device cuda|cpu] [--out DIR] [--tag TAG]
+                                                   [--export process|thread]
 
 The two hooks that run every decode step (before ``EagleDraftWorker._draft_extend_for_decode``,
 after ``_resolve_spec_v2_tokens``) are wrapped by SGLang 0.5.23's ``hook_registry._wrap_fn``,
@@ -10,24 +11,29 @@ the number of draft-input rows (batch x 4 draft tokens; batch = max(1, N/4) real
 objects); the draft input is a static ``[N, 3*7168]`` bf16 buffer, as SGLang's target CUDA graph
 hands it over.
 
-Headline, "loop": the full per-step host figure a user pays, measured as what a scheduler loop
-loses per step. One step in SGLang's overlap order: the launch hook (it enqueues the probe), then the
+Headline, "loop": the full per-step host figure a user pays, measured as what a scheduler loop loses
+per step. One step in SGLang's overlap order: the launch hook (it enqueues the probe), then the
 step's next GPU work is enqueued (``torch.cuda._sleep`` of ``--gpu-us``), then, while the GPU works,
-the previous step's result hook and the scheduler's own Python (a busy loop of ``--python-us``),
-then the wait for this step's GPU work. The GPU work (probe kernel included, <= ~55 µs) is shorter
-than the Python, so the wait finds it done: GPU time overlaps Python and the loop's wall time is the
-scheduler thread's host time. (On CPU the GPU work is a ``time.sleep`` at the wait, which, like
-SGLang's waits, releases the GIL; nothing overlaps it.) Off: plain calls, no tracer thread. On:
-traced calls with the real ``Recorder`` thread started by the tracer at its production cadence, with
-the Prometheus exporter (its HTTP server up), OpenTelemetry step spans at the default 1% sample
-shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis windows closing at the
-default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a stand-in probe that counts
-and hands the recorder a window of DeepSeek-V3 width every time one closes) and the online
-diagnosis when ``--profile`` is given. The loop is scheduler-bound, so whatever the tracer takes
-from the scheduler thread, the hooks and the GIL time of the tracer's threads in this process,
-lengthens the step. Off and on blocks alternate; the figure is the median over block pairs of
-(on - off) wall time per step. ``--switch-interval`` sets ``sys.setswitchinterval`` for the whole
-run (Python's default is 5 ms).
+the previous step's result hook and the scheduler's own Python (a fixed loop calibrated to take
+``--python-us`` with no other thread running), then the wait for this step's GPU work. The GPU work
+(probe kernel included, <= ~55 µs) is shorter than the Python, so the wait finds it done: GPU time
+overlaps Python and the loop's wall time is the scheduler thread's host time. (On CPU the GPU work
+is a ``time.sleep`` at the wait, which, like SGLang's waits, releases the GIL; nothing overlaps it.)
+Off: plain calls, no tracer thread. On: traced calls with the real ``Recorder`` thread started by
+the tracer at its production cadence. With ``--export process`` (as ``HS_TRACER_EXPORT=process``)
+the recorder thread only batches the steps and writes them down a pipe to hs_tracer's export
+process, which runs the exporters; with ``--export thread`` (``HS_TRACER_EXPORT``'s default) they
+run in the recorder thread. Exporters: Prometheus (its HTTP server up), OpenTelemetry step spans at
+the default 1% sample shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis
+windows closing at the default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a
+stand-in probe that counts and hands the recorder a window of DeepSeek-V3 width every time one
+closes) and the online diagnosis when ``--profile`` is given. The recorder thread's CPU time is read
+from its thread clock; the export process's (another process: it does not hold the scheduler's GIL)
+from ``/proc`` in clock ticks (10 ms), so that column is coarse. The loop is scheduler-bound, so
+whatever the tracer takes from the scheduler thread, the hooks and the GIL time of the tracer's
+threads in this process, lengthens the step. Off and on blocks alternate; the figure is the median
+over block pairs of (on - off) wall time per step. ``--switch-interval`` sets
+``sys.setswitchinterval`` for the whole run (Python's default is 5 ms).
 
 "hooks": the hooks alone, per-step median of ``perf_counter_ns`` around the pair of calls, plain
 and traced rounds interleaved, the recorder's work (taking the pending steps) outside the timing.
@@ -49,7 +55,6 @@ import time
 from array import array
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import torch
@@ -140,9 +145,9 @@ TRACED_RESOLVE = _wrap_fn(resolve_spec_v2_tokens, hooks.after_resolve_spec_v2_to
 PROCESSOR = SimpleNamespace(enable_overlap=True, enable_overlap_mlx=False)  # SGLang's default scheduler
 
 
-def make_state(device: torch.device, profile: Path | None, export: str = "thread") -> state.TracerState:
+def make_state(device: torch.device, profile: Path | None, export: str | None = None) -> state.TracerState:
     """Tracer state as ``finish_startup`` leaves it, minus the recorder (each "on" block starts one)."""
-    st = state.install(TracerConfig(metrics_port=0, profile=profile, export=export))
+    st = state.install(TracerConfig(metrics_port=0, profile=profile, export=export or TracerConfig().export))
     st.wiring = WiringRecord(model="bench", target_arch="DeepseekV3ForCausalLM", num_layers=61,
                              hidden_size=HIDDEN, layers_to_capture=[2, 30, 58],
                              sources=["block:1", "block:29", "block:57"],
@@ -226,6 +231,7 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
                 if cuda:
                     torch.cuda.synchronize()
                 st.steps.take_pending()
+                st.steps.take_digests()
         if r:
             for name, samples in split.items():
                 medians[name].append(statistics.median(samples) / 1000)
@@ -240,6 +246,7 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
                     if cuda:
                         torch.cuda.synchronize()
                     st.steps.take_pending()
+                    st.steps.take_digests()
             if r:
                 medians[name].append(statistics.median(samples) / 1000)
     assert st.enabled, st.disabled_reason
@@ -263,11 +270,24 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
     return out
 
 
-def busy(us: float) -> None:
-    end = time.perf_counter() + us * 1e-6
+def busy(iterations: int) -> int:
+    """The scheduler's own Python: a fixed amount of work (not a deadline, which would hide the time
+    another thread holds the GIL in the middle of it)."""
     x = 0
-    while time.perf_counter() < end:
-        x += 1
+    for i in range(iterations):
+        x += i
+    return x
+
+
+def busy_iterations(us: float) -> int:
+    """Iterations of :func:`busy` that take ``us`` on this machine, no other thread running."""
+    n = 10_000
+    times = []
+    for _ in range(21):
+        t0 = time.perf_counter()
+        busy(n)
+        times.append(time.perf_counter() - t0)
+    return max(1, round(us * 1e-6 / statistics.median(times) * n))
 
 
 def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, blocks: int,
@@ -280,6 +300,7 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
     done = torch.cuda.Event() if cuda else None
     cycles = int(gpu_us * 1.98e3)  # ~1.98 GHz SM clock under load
     accepts = [torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
+    work = busy_iterations(python_us)
 
     def run(count: int, traced: bool) -> float:
         """SGLang's overlap order (module docstring): launch step i, enqueue its GPU work, resolve
@@ -297,7 +318,7 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
             previous = results[(i - 1) % 2]
             previous.accept_lens = accepts[i % 64]
             resolve(PROCESSOR, previous, snapshot)
-            busy(python_us)
+            busy(work)
             if cuda:
                 done.synchronize()
             else:
@@ -307,6 +328,7 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
     run(20, True)
     run(20, False)
     st.steps.take_pending()
+    st.steps.take_digests()
     off, on, recorder_cpu, export_cpu = [], [], [], []
     recorder = None
     steps_seen = windows = 0
@@ -316,15 +338,15 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
         recorder = Recorder(st)
         st.recorder = recorder
         recorder.start()
-        # set-up (exporters, server, the export process) is not per step
-        while recorder.analysis is None and recorder.export is None and recorder.is_alive():
-            time.sleep(0.001)
-        time.sleep(0.1 if recorder.export is None else 2.0)  # an export process imports its exporters
+        while recorder.export is None and recorder.analysis is None and recorder.is_alive():
+            time.sleep(0.001)  # set-up (exporters, server, export process) is not per step
+        time.sleep(2.0 if recorder.export is not None else 0.1)  # the export process imports its modules
         clock = time.pthread_getcpuclockid(recorder.ident)
-        c0, e0 = time.clock_gettime(clock), export_process_cpu_s(recorder)
+        c0, e0 = time.clock_gettime(clock), process_cpu_s(recorder)
         on.append(run(steps, True))
         recorder_cpu.append((time.clock_gettime(clock) - c0) / steps * 1e6)
-        export_cpu.append((export_process_cpu_s(recorder) - e0) / steps * 1e6)
+        if recorder.export is not None:
+            export_cpu.append((process_cpu_s(recorder) - e0) / steps * 1e6)
         recorder.stop()
         recorder.join(timeout=10)
         if recorder.analysis is not None:
@@ -341,46 +363,55 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
             "lost_us_per_step": statistics.median(lost), "lost_us_blocks": lost,
             "recorder_cpu_us_per_step": statistics.median(recorder_cpu),
             "export": st.config.export,
-            "export_process_cpu_us_per_step": (statistics.fmean(export_cpu) if st.config.export == "process"
-                                               else None),
+            "export_process_cpu_us_per_step": statistics.fmean(export_cpu) if export_cpu else None,
             "recorded_request_steps": steps_seen if st.config.export == "thread" else None,
             "windows": windows if st.config.export == "thread" else None,
             "spans": spans, "steps_dropped": st.dropped}
 
 
-def export_process_cpu_s(recorder: Any) -> float:
+def process_cpu_s(recorder: object) -> float:
     """CPU seconds the recorder's export process has used so far (0 without one). /proc counts in
     clock ticks (10 ms): only sums over many steps mean anything."""
-    if recorder.export is None:
+    export = getattr(recorder, "export", None)
+    if export is None:
         return 0.0
-    fields = Path(f"/proc/{recorder.export.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{export.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def markdown(res: dict) -> str:
     m = res["machine"]
+    thread = res["args"].get("export", "thread") == "thread"
+    where = "the recorder thread" if thread else "the export process"
     lines = [f"# hs_tracer: scheduler-thread cost per decode step ({m['date_utc']})", "",
              f"Machine: {m['host']}, {m['cpu']} ({m['cores']} cores), {m['gpu']}; Python {m['python']}, "
              f"torch {m['torch']}; switch interval {res['switch_interval_s'] * 1e3:g} ms. "
-             f"Method: benchmarks/hook_overhead.py docstring (exporters: {res['exporters']}). "
-             "Target: <= 10 µs per step at every N.", "",
+             f"Method: benchmarks/hook_overhead.py docstring (exporters: {res['exporters']}; they run in "
+             f"{where}). Target: <= 10 µs per step at every N.", "",
              "Headline (loop): the full per-step host figure a user pays: what the scheduler thread "
              "loses per step with the tracer on, the hooks and the GIL time of the tracer's threads in "
              "the scheduler process included (GPU work overlaps the scheduler's Python, as in SGLang's "
              "overlap scheduler, so no GPU time is in it).", "",
-             "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | recorder CPU µs/step "
-             "| hooks alone µs (hooked - unhooked) | unhooked µs | meets 10 µs "
+             "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | recorder thread CPU "
+             "µs/step | export process CPU µs/step (10 ms ticks) | hooks alone µs (hooked - unhooked) "
+             "| launch hook / result hook µs | unhooked µs | meets 10 µs "
              "| hooks alone, every request tested (fallback) µs |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"]
     hooks_by_n = {r["N"]: r for r in res["hooks"]}
-    for r in res["loop"]:
-        h = hooks_by_n.get(r["N"], {})
-        worst = max(r["lost_us_per_step"], h.get("hs_tracer_us", 0.0))
-        lines.append(f"| {r['N']} | {r['batch']} | {r['step_us_off']:.1f} | {r['step_us_on']:.1f} | "
-                     f"{r['lost_us_per_step']:.1f} | {r['recorder_cpu_us_per_step']:.1f} | "
-                     f"{h.get('hs_tracer_us', float('nan')):.1f} | "
-                     f"{h.get('unhooked_us', float('nan')):.2f} | {'yes' if worst <= 10 else 'NO'} | "
-                     f"{h.get('hs_tracer_fallback_us', float('nan')):.1f} |")
+    nan = float("nan")
+    for n in sorted({r["N"] for r in res["loop"]} | set(hooks_by_n)):
+        r = next((row for row in res["loop"] if row["N"] == n), {})
+        h = hooks_by_n.get(n, {})
+        worst = max(r.get("lost_us_per_step", 0.0), h.get("hs_tracer_us", 0.0))
+        export_cpu = r.get("export_process_cpu_us_per_step")
+        lines.append(f"| {n} | {r.get('batch', h.get('batch'))} | {r.get('step_us_off', nan):.1f} | "
+                     f"{r.get('step_us_on', nan):.1f} | {r.get('lost_us_per_step', nan):.1f} | "
+                     f"{r.get('recorder_cpu_us_per_step', nan):.1f} | "
+                     f"{'-' if export_cpu is None else f'{export_cpu:.0f}'} | "
+                     f"{h.get('hs_tracer_us', nan):.1f} | {h.get('decode_hook_us', nan):.1f} / "
+                     f"{h.get('resolve_hook_us', nan):.1f} | {h.get('unhooked_us', nan):.2f} | "
+                     f"{('yes' if worst <= 10 else 'NO') if r else '-'} | "
+                     f"{h.get('hs_tracer_fallback_us', nan):.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -401,8 +432,8 @@ def main() -> int:
     ap.add_argument("--no-otel", action="store_true", help="no OpenTelemetry collector, no spans")
     ap.add_argument("--skip-hooks", action="store_true")
     ap.add_argument("--skip-loop", action="store_true")
-    ap.add_argument("--export", choices=("thread", "process"), default="thread",
-                    help="HS_TRACER_EXPORT: the exporters in the recorder thread or in their own process")
+    ap.add_argument("--export", choices=("process", "thread"), default=TracerConfig().export,
+                    help="where the exporters run (HS_TRACER_EXPORT; default: its default)")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)

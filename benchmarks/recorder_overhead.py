@@ -16,7 +16,8 @@ child importing hs_tracer from its own checkout and measuring every N in {1,16,6
   is the recorder's work plus the OpenTelemetry span processor's encoding and POSTs (spans at the
   default 1% shipped over OTLP/HTTP to a collector in another process, flushed every 10 batches)
   and the metrics flusher; with the export process it is the batching and the pipe write, and the
-  export process's own CPU is reported beside it (from /proc, summed over all batches). Median over
+  export process's own CPU per step is reported beside it (from /proc: its CPU over all measured
+  batches, read a second after the last, divided by their steps). Median over
   ``--batches`` batches; as many batches without the span exporter alternate with them ("without
   spans"; the same work where the spans live in the export process).
 * with ``--loop``, scheduler loss µs/step: benchmarks/hook_overhead.py's loop, median over block
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 NS = (1, 16, 64, 256, 1024, 4096)
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
     from hs_tracer.export.recorder import Recorder
 
     cpu_device = torch.device("cpu")
-    st = ho.make_state(cpu_device, None)
+    st = ho.make_state(cpu_device, None, *([args.export] if args.export != "thread" else []))
     out = []
     for n in [int(v) for v in args.ns.split(",")]:
         inputs = ho.step_inputs(n, cpu_device)  # (running, snapshot, results) or, earlier, (batch, result)
@@ -65,7 +67,7 @@ def child(args: argparse.Namespace) -> None:
         rec._setup()
         wake = Wake(rec)
         per_step: dict[bool, list[float]] = {True: [], False: []}
-        export_cpu: list[float] = []
+        export_start = 0.0
         for b in range(2 * args.batches + 2):  # two warm-up batches (first span, HTTP connection)
             spans = b % 2 == 0  # batches with and without the span exporter alternate (in-process only)
             wake.spans(spans)
@@ -73,18 +75,21 @@ def child(args: argparse.Namespace) -> None:
                 ho.TRACED_DECODE(None, running, result)
                 result.accept_lens = accepts[i % 64]
                 ho.TRACED_RESOLVE(processor, result, snapshot)
-            t0, e0 = time.process_time(), wake.export_cpu_s()
+            if b == 2:
+                export_start = wake.export_cpu_s()
+            t0 = time.process_time()
             wake()
             if spans and b % 10 == 8:
                 wake.flush()
             if b >= 2:
                 per_step[spans].append((time.process_time() - t0) / args.steps * 1e6)
-                export_cpu.append((wake.export_cpu_s() - e0) / args.steps * 1e6)
+        time.sleep(1.0)  # the export process works the last batches off
+        export_cpu = (wake.export_cpu_s() - export_start) / (2 * args.batches * args.steps) * 1e6
         wake.close()
         row = {"N": n, "batch": bs, "recorder_cpu_us_per_step": statistics.median(per_step[True]),
                "recorder_cpu_us_per_step_no_spans": statistics.median(per_step[False]),
-               "recorder_cpu_us_batches": per_step[True], "export_process_cpu_us_per_step":
-               statistics.fmean(export_cpu) if wake.process else None}
+               "recorder_cpu_us_batches": per_step[True],
+               "export_process_cpu_us_per_step": export_cpu if wake.process else None}
         if args.loop:
             loop = ho.bench_loop(st, n, cpu_device, args.loop_steps, args.blocks, 300.0, 100.0)
             row.update(lost_us_per_step=loop["lost_us_per_step"], lost_us_blocks=loop["lost_us_blocks"])
@@ -94,21 +99,24 @@ def child(args: argparse.Namespace) -> None:
 
 
 class Wake:
-    """One wake-up of the recorder thread, for either design: the exporters in the scheduler process
-    (``_on_steps`` + ``_on_window``, revisions before the export process) or the recorder thread
-    shipping batches to the export process (``_wake``; the export process's CPU read from /proc)."""
+    """One wake-up of the recorder thread, for any of its designs: the exporters in the recorder
+    thread (``_on_steps`` + ``_on_window`` before the export process existed; ``_wake`` with its
+    ``analysis`` since) or the recorder thread shipping batches to the export process (``_wake``; the
+    export process's CPU read from /proc)."""
 
-    def __init__(self, rec: object) -> None:
+    def __init__(self, rec: Any) -> None:
         self.rec = rec
+        self.current = hasattr(rec, "_wake")
         self.process = getattr(rec, "export", None) is not None
-        self.otel = getattr(rec, "_otel", None)
+        self.exporters = None if self.process else (rec.analysis if self.current else rec)
+        self.otel = getattr(self.exporters, "_otel", None)
 
     def spans(self, on: bool) -> None:
-        if not self.process:
-            self.rec._otel = self.otel if on else None
+        if self.exporters is not None:
+            self.exporters._otel = self.otel if on else None
 
     def __call__(self) -> None:
-        if self.process:
+        if self.current:
             self.rec._wake()
         else:
             self.rec._on_steps()
@@ -130,6 +138,10 @@ class Wake:
         if self.process:
             self.rec.export.close()
             return
+        self.spans(True)
+        if self.current:
+            self.exporters.close()
+            return
         self.rec._prom.close()
         if self.otel is not None:
             self.otel.shutdown()
@@ -139,7 +151,7 @@ def run_child(checkout: Path, args: argparse.Namespace, env: dict[str, str]) -> 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--ns", args.ns,
            "--steps", str(args.steps), "--batches", str(args.batches),
            "--loop-steps", str(args.loop_steps), "--blocks", str(args.blocks),
-           *(["--loop"] if args.loop else [])]
+           *(["--loop"] if args.loop else []), "--export", args.export if checkout == REPO else "thread"]
     proc = subprocess.run(cmd, cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode:
@@ -158,7 +170,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--loop-steps", type=int, default=1000)
     ap.add_argument("--blocks", type=int, default=3)
-    ap.add_argument("--loop", action="store_true", help="also run benchmarks/hook_overhead.py's loop per N")
+    ap.add_argument("--loop", action="store_true", help="also run hook_overhead.py's loop per N")
+    ap.add_argument("--export", choices=("thread", "process"), default="thread",
+                    help="HS_TRACER_EXPORT of the revision after (before: exporters in its thread)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -80,19 +80,11 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.sampling.sampling_params import SamplingParams
 from hs_tracer.config import TracerConfig
-from hs_tracer.integrations.sglang import hooks, state
+from hs_tracer.integrations.sglang import hooks
 
-K, H, NDT = 3, 8, 4
+from tests.infra.tiny_tracer import H, K, NDT, started
 port, report_dir = int(sys.argv[1]), Path(sys.argv[2])
-st = state.install(TracerConfig(metrics_port=port, window_tokens=16, report_dir=report_dir, export="process"))
-st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/m/tiny", "num_layers": 8,
-             "hidden_size": H, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
-st.target_dtype = torch.float32
-st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
-st.draft = {"architecture": "LlamaForCausalLMEagle3", "fc_in_features": K * H,
-            "num_aux_hidden_states": K, "graph_width": None}
-st.spec_args = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": NDT}
-st.finish_startup()
+st = started(TracerConfig(metrics_port=port, window_tokens=16, report_dir=report_dir, export="process"))
 batch = ScheduleBatch(reqs=[Req(r, "", [1, 2, 3], SamplingParams(max_new_tokens=8)) for r in "ab"])
 
 def step(lengths):

@@ -120,23 +120,15 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.observability import trace as sgl_trace
 from hs_tracer.config import TracerConfig
 from hs_tracer.export import recorder as recorder_mod
-from hs_tracer.integrations.sglang import hooks, state
+from hs_tracer.integrations.sglang import hooks
 
 # SGLang's request tracing on (a collector that is never reached: nothing here is flushed)
 sgl_trace.process_tracing_init("http://127.0.0.1:9/v1/traces", "handoff-test")
 sgl_trace.trace_set_thread_info("scheduler", tp_rank=0, dp_rank=0, pp_rank=0)
 
-K, H, NDT = 3, 8, 4
+from tests.infra.tiny_tracer import H, K, NDT, started
 recorder_mod.BATCH_INTERVAL_S = 0.01
-st = state.install(TracerConfig(metrics_port=int(sys.argv[1]), window_tokens=1 << 20))
-st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/m/tiny", "num_layers": 8,
-             "hidden_size": H, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
-st.target_dtype = torch.float32
-st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
-st.draft = {"architecture": "LlamaForCausalLMEagle3", "fc_in_features": K * H,
-            "num_aux_hidden_states": K, "graph_width": None}
-st.spec_args = {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": NDT}
-st.finish_startup()
+st = started(TracerConfig(metrics_port=int(sys.argv[1]), window_tokens=1 << 20))
 
 writers = []
 def traced_req(rid):

@@ -43,21 +43,12 @@ from hs_tracer.fingerprint import probe as probe_mod
 from hs_tracer.integrations.sglang import hooks, state
 from pathlib import Path
 
-K, H, NDT = 3, 8, 4
+from tests.infra.tiny_tracer import H, K, NDT, started
 out = {}
 
 def startup(cfg, finish=True):
-    st = state.install(cfg)
-    st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "/m/tiny", "num_layers": 8,
-                 "hidden_size": H, "layers_to_capture": [2, 4, 5], "capture_aux_hidden_states": True}
-    st.target_dtype = torch.float32
-    st.aux = {"use_aux_hidden_state": True, "layer_ids": [1, 3, 4]}
-    st.draft = {"architecture": "LlamaForCausalLMEagle3", "fc_in_features": K * H,
-                "num_aux_hidden_states": K, "graph_width": None}
-    st.spec_args = {"speculative_num_steps": 3, "speculative_eagle_topk": 1,
-                    "speculative_num_draft_tokens": NDT}
+    st = started(cfg, finish)
     if finish:
-        st.finish_startup()
         st.recorder.stop()
         st.recorder.join(5)
     return st

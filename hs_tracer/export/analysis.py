@@ -254,10 +254,11 @@ class Analysis:
             for i in range(len(batch)) if tracing else sampled:
                 rec = batch.record(i, self.setup.ranks, hidden, digests[i])
                 otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=self._request_events)
-        self.acceptance.add_counts(counts, int(batch.num_draft_tokens[-1]), batch.max_accept_length)
-        self.nonfinite += sum(nonfinite_counts)
         self._prom.record_batch(len(batch), counts, batch.draft_tokens(), int(batch.time_unix_ns[-1]),
                                 batch.input_width, digest, nonfinite_counts, batch.host_s.tolist())
+        self.nonfinite += sum(nonfinite_counts)
+        # last: a reader that sees the tally grow finds the batch in the metrics too
+        self.acceptance.add_counts(counts, int(batch.num_draft_tokens[-1]), batch.max_accept_length)
 
     def on_window(self, window: ChannelStats | None, force: bool = True) -> bool:
         """Fold a finished fingerprint window in; re-diagnose when ``DIAGNOSE_EVERY_S`` has passed

@@ -230,29 +230,27 @@ class Analysis:
         self._dirty = True
 
     def on_batch(self, batch: StepBatch, last: bool = True) -> None:
-        """One pass over the batch: its digests joined to their steps, a fixed number of numpy calls
-        otherwise; records only for the steps that get a span (and, with SGLang's request tracing,
-        every step: its events need one). The last step's digest (the slot RMS gauge) is built for
-        the last batch of a wake-up only."""
+        """One pass over the batch, a fixed number of numpy calls; step records (with their digests,
+        found by step number) only for the steps that get a span, and, with SGLang's request tracing,
+        every step (its events need one). Non-finite counts and the slot RMS gauge come from the
+        digests drained with the batch (the gauge from the latest, in a wake-up's last batch)."""
         hidden = self.setup.wiring.hidden_size
-        self._digests.add(batch.digest_steps, batch.digest_tokens, batch.digest_raws)
-        digests = self._digests.claim(batch.steps)
-        landed = [i for i, d in enumerate(digests) if d is not None]
-        nonfinite_counts: list[int] = []
+        raws = batch.digest_raws
+        self._digests.add(batch.digest_steps, batch.digest_tokens, raws)
+        nonfinite_counts = raws[:, :, _NONFINITE].sum(axis=0).astype(np.int64).tolist() if raws.size else []
         bad: list[int] = []
-        if landed:
-            per_step = np.stack([digests[i][1][:, _NONFINITE] for i in landed])  # type: ignore[index]
-            nonfinite_counts = per_step.sum(axis=0).astype(np.int64).tolist()
-            if any(nonfinite_counts):
-                bad = [landed[j] for j in np.flatnonzero(per_step.any(axis=1)).tolist()]
-        digest = step_digest(digests[landed[-1]], hidden) if last and landed else None
+        if any(nonfinite_counts):  # spans for every step with non-finite features
+            bad = np.flatnonzero(np.isin(batch.steps, self._digests.steps_with(_NONFINITE))).tolist()
+        digest = None
+        if last and raws.size:
+            digest = step_digest((int(batch.digest_tokens[-1]), raws[-1]), hidden)
         counts = length_counts(batch.lengths)
         otel = self._otel
         if otel is not None:
             sampled = otel.sampled_steps(len(batch), bad)
             tracing = batch.requests is not None and self._request_events is not None
             for i in range(len(batch)) if tracing else sampled:
-                rec = batch.record(i, self.setup.ranks, hidden, digests[i])
+                rec = batch.record(i, self.setup.ranks, hidden, self._digests.find(int(batch.steps[i])))
                 otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=self._request_events)
         self._prom.record_batch(len(batch), counts, batch.draft_tokens(), int(batch.time_unix_ns[-1]),
                                 batch.input_width, digest, nonfinite_counts, batch.host_s.tolist())

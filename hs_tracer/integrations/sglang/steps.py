@@ -362,25 +362,39 @@ class StepPath:
         self._join.add(*digests)
         batch = StepBatch.from_pending(items, *digests, requests=True)
         hidden = self.decode.probe.hidden if self.decode is not None else 0
-        digests = self._join.claim(batch.steps)
-        return [batch.record(i, self.ranks, hidden, digest) for i, digest in enumerate(digests)]
+        return [batch.record(i, self.ranks, hidden, self._join.find(step))
+                for i, step in enumerate(batch.steps.tolist())]
 
 
 class DigestJoin:
-    """Digests drained before their step's result was handed over (the overlap scheduler launches step
-    N+1 before it resolves step N), kept by step number until the step claims them. Bounded: beyond
-    ``limit`` the oldest go first (steps whose results never came: aborted)."""
+    """The digests drained lately, as the blocks :meth:`StepPath.take_digests` returned, to find a
+    step's digest by its number: a digest can land before its step's result is handed over (the
+    overlap scheduler launches step N+1 before it resolves step N), and only a few steps (the
+    sampled spans) ever need theirs, so nothing is done per digest. Bounded: the oldest blocks go
+    once more than ``limit`` digests are kept."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._by_step: dict[int, tuple[int, np.ndarray]] = {}
+        self._blocks: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._kept = 0
 
     def add(self, steps: np.ndarray, tokens: np.ndarray, raws: np.ndarray) -> None:
-        self._by_step.update(zip(steps.tolist(), zip(tokens.tolist(), raws, strict=True), strict=True))
-        while len(self._by_step) > self.limit:
-            del self._by_step[min(self._by_step)]
+        if not steps.size:
+            return
+        self._blocks.append((steps, tokens, raws))
+        self._kept += steps.size
+        while self._kept - self._blocks[0][0].size >= self.limit:
+            self._kept -= self._blocks.popleft()[0].size
 
-    def claim(self, steps: np.ndarray) -> list[tuple[int, np.ndarray] | None]:
-        """``(tokens, raw [K, 5])`` of each step's digest, ``None`` where it has not landed."""
-        pop = self._by_step.pop
-        return [pop(step, None) for step in steps.tolist()]
+    def find(self, step: int) -> tuple[int, np.ndarray] | None:
+        """``(tokens, raw [K, 5])`` of the step's digest, None if it is not kept."""
+        for steps, tokens, raws in reversed(self._blocks):
+            hit = np.flatnonzero(steps == step)
+            if hit.size:
+                return int(tokens[hit[-1]]), raws[hit[-1]]
+        return None
+
+    def steps_with(self, field: int) -> np.ndarray:
+        """The steps whose kept digest has a non-zero ``field`` in some slot."""
+        hits = [steps[(raws[:, :, field] != 0).any(axis=1)] for steps, _tokens, raws in self._blocks]
+        return np.concatenate(hits) if hits else np.zeros(0, dtype=np.int64)

@@ -110,6 +110,11 @@ class Wake:
         self.process = getattr(rec, "export", None) is not None
         self.exporters = None if self.process else (rec.analysis if self.current else rec)
         self.otel = getattr(self.exporters, "_otel", None)
+        if self.process:  # its start-up (imports, exporters) is not per step: wait until it is idle
+            deadline, last = time.monotonic() + 30, -1.0
+            while time.monotonic() < deadline and self.export_cpu_s() != last:
+                last = self.export_cpu_s()
+                time.sleep(0.5)
 
     def spans(self, on: bool) -> None:
         if self.exporters is not None:

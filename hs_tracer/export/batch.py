@@ -45,7 +45,7 @@ class StepBatch:
     num_draft_tokens: np.ndarray  # int64 [S]
     host_s: np.ndarray  # float64 [S]: host time of the per-step hooks that led to each step
     sizes: np.ndarray  # int64 [S]
-    lengths: np.ndarray  # int64 [sum(sizes)]
+    lengths: np.ndarray  # integers [sum(sizes)]
     digest_steps: np.ndarray  # int64 [D]
     digest_tokens: np.ndarray  # int64 [D]
     digest_raws: np.ndarray  # float [D, K, 5]
@@ -98,9 +98,9 @@ class StepBatch:
 
 def committed_lengths(accept_lens: Sequence[Any], reqs: Sequence[Sequence[Any]],
                       skips: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Every committed request's accept length over a run of steps, joined in order (int64), and how
-    many each step committed. Per step: SGLang's accept lengths (a CPU tensor, or a sequence), its
-    request list and the indices SGLang skipped.
+    """Every committed request's accept length over a run of steps, joined in order (SGLang's integer
+    dtype), and how many each step committed. Per step: SGLang's accept lengths (a CPU tensor, or a
+    sequence), its request list and the indices SGLang skipped.
 
     SGLang's per-step tensors are joined by one ``torch.cat`` and the skipped requests removed by one
     ``np.delete``, so a run costs a few calls whatever its length (per step only list operations);
@@ -112,7 +112,6 @@ def committed_lengths(accept_lens: Sequence[Any], reqs: Sequence[Sequence[Any]],
     else:
         joined = np.concatenate([np.asarray(t.numpy() if hasattr(t, "numpy") else t).reshape(-1)
                                  for t in accept_lens])
-    joined = joined.astype(np.int64, copy=False)
     counts = np.fromiter(map(len, reqs), np.int64, len(reqs))  # one accept length per request
     if int(counts.sum()) != joined.size:  # never so in SGLang; count the lengths themselves then
         counts = np.fromiter((t.numel() if hasattr(t, "numel") else len(t) for t in accept_lens), np.int64,

@@ -1,5 +1,6 @@
-"""hs_tracer's export process: acceptance, Prometheus, OpenTelemetry spans, the online diagnosis and the
-live report of one scheduler process, on an interpreter of their own.
+"""hs_tracer's export process (``HS_TRACER_EXPORT=process``): acceptance, Prometheus, OpenTelemetry
+spans, the online diagnosis and the live report of one scheduler process, on an interpreter of their
+own.
 
 Why a process: a thread in the scheduler process shares SGLang's GIL, so the exporters' and the
 diagnosis's Python (span encoding, metric updates, the per-window diagnosis) would be time the
@@ -15,7 +16,7 @@ and the ``OTEL_*`` variables apply here too) and writes framed messages to its s
 serves ``/metrics`` on the scheduler's port and writes the scheduler's report file
 (``HS_TRACER_REPORT_DIR/scheduler-<scheduler pid>.json``). It exits when the pipe closes, that is
 when the scheduler process exits however it ends; it never outlives it. If it dies first, the
-recorder's next write fails and tracing switches itself off (serving goes on).
+recorder notices at its next wake-up and tracing switches itself off (serving goes on).
 """
 
 from __future__ import annotations

@@ -132,12 +132,12 @@ class Wake:
             self.otel.force_flush()
 
     def export_cpu_s(self) -> float:
-        """CPU seconds the export process has used so far (0 without one); /proc ticks are 10 ms, so
-        only sums over many batches mean anything."""
-        if not self.process:
+        """CPU seconds the export process has used so far (0 without one)."""
+        if not self.process:  # revisions before the export process have no reader for it either
             return 0.0
-        fields = Path(f"/proc/{self.rec.export.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        import hook_overhead as ho
+
+        return ho.process_cpu_s(self.rec)
 
     def close(self) -> None:
         if self.process:

@@ -2,10 +2,11 @@
 process, kept as small as it can be.
 
 Every ``BATCH_INTERVAL_S`` it takes the verify steps the scheduler thread handed over
-(:class:`~hs_tracer.integrations.sglang.steps.PendingStep`), joins each to its fingerprint digest
-and turns each run of ``CHUNK_STEPS`` into a :class:`~hs_tracer.export.batch.StepBatch` (a fixed
-number of numpy calls whatever its size), reads the diagnosis window the probe has landed, polls
-the capture sink, and hands all of it on. Where it goes (:func:`export_mode`):
+(:class:`~hs_tracer.integrations.sglang.steps.PendingStep`) and the fingerprint digests drained
+meanwhile, turns each run of ``CHUNK_STEPS`` into a :class:`~hs_tracer.export.batch.StepBatch` (a
+fixed number of numpy calls whatever its size; the analysis joins digests to steps), reads the
+diagnosis window the probe has landed, polls the capture sink, and hands all of it on.
+Where it goes (:func:`export_mode`):
 
 * ``thread`` (the default): to an :class:`~hs_tracer.export.analysis.Analysis` in this thread:
   acceptance, Prometheus, OpenTelemetry spans, the online diagnosis and the live report. Always so

@@ -19,21 +19,22 @@ the previous step's result hook and the scheduler's own Python (a fixed loop cal
 (probe kernel included, <= ~55 µs) is shorter than the Python, so the wait finds it done: GPU time
 overlaps Python and the loop's wall time is the scheduler thread's host time. (On CPU the GPU work
 is a ``time.sleep`` at the wait, which, like SGLang's waits, releases the GIL; nothing overlaps it.)
-Off: plain calls, no tracer thread. On: traced calls with the real ``Recorder`` thread started by
-the tracer at its production cadence. With ``--export process`` (as ``HS_TRACER_EXPORT=process``)
-the recorder thread only batches the steps and writes them down a pipe to hs_tracer's export
-process, which runs the exporters; with ``--export thread`` (``HS_TRACER_EXPORT``'s default) they
-run in the recorder thread. Exporters: Prometheus (its HTTP server up), OpenTelemetry step spans at
-the default 1% sample shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis
-windows closing at the default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a
-stand-in probe that counts and hands the recorder a window of DeepSeek-V3 width every time one
-closes) and the online diagnosis when ``--profile`` is given. The recorder thread's CPU time is read
-from its thread clock; the export process's (another process: it does not hold the scheduler's GIL)
-from ``/proc`` in clock ticks (10 ms), so that column is coarse. The loop is scheduler-bound, so
-whatever the tracer takes from the scheduler thread, the hooks and the GIL time of the tracer's
-threads in this process, lengthens the step. Off and on blocks alternate; the figure is the median
-over block pairs of (on - off) wall time per step. ``--switch-interval`` sets
-``sys.setswitchinterval`` for the whole run (Python's default is 5 ms).
+Off: plain calls. On: traced calls. One real ``Recorder`` thread runs through all blocks of an N at its
+production cadence (as in serving; idle in the off blocks, whose calls hand it nothing). With ``--export
+process`` (``HS_TRACER_EXPORT``'s default) the recorder thread only batches the steps and writes them
+down a pipe to hs_tracer's export process, which runs the exporters; with ``--export thread`` they run
+in the recorder thread. Exporters: Prometheus (its HTTP server up), OpenTelemetry step spans at the
+default 1% sample shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis windows
+closing at the default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a stand-in probe
+that counts and hands the recorder a window of DeepSeek-V3 width every time one closes) and the online
+diagnosis when ``--profile`` is given. The recorder thread's CPU time is read from its thread clock; the
+export process's (another process: it does not hold the scheduler's GIL) from ``/proc`` in clock ticks
+(10 ms), so that column is coarse. The loop is scheduler-bound, so whatever the tracer takes from the
+scheduler thread, the hooks and the GIL time of the tracer's threads in this process, lengthens the
+step. Off and on blocks alternate; the figure is the median over block pairs of (on - off) wall time per
+step, with their mean and quartiles beside it (a block should span a few of the recorder's wake-ups, 0.2
+s apart with the export process, or the median can miss them; the mean cannot). ``--switch-interval``
+sets ``sys.setswitchinterval`` for the whole run (Python's default is 5 ms).
 
 "hooks": the hooks alone, per-step median of ``perf_counter_ns`` around the pair of calls, plain
 and traced rounds interleaved, the recorder's work (taking the pending steps) outside the timing.
@@ -329,44 +330,55 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
     run(20, False)
     st.steps.take_pending()
     st.steps.take_digests()
-    off, on, recorder_cpu, export_cpu = [], [], [], []
-    recorder = None
-    steps_seen = windows = 0
-    spans = False
+    recorder = Recorder(st)  # one for all blocks, as in serving; idle in the off blocks
+    st.recorder = recorder
+    recorder.start()
+    while recorder.export is None and recorder.analysis is None and recorder.is_alive():
+        time.sleep(0.001)  # set-up (exporters, server, export process) is not per step
+    wait_idle(recorder)
+    clock = time.pthread_getcpuclockid(recorder.ident)
+    off, on, recorder_cpu = [], [], 0.0
+    e0 = process_cpu_s(recorder)
     for _ in range(blocks):
         off.append(run(steps, False))
-        recorder = Recorder(st)
-        st.recorder = recorder
-        recorder.start()
-        while recorder.export is None and recorder.analysis is None and recorder.is_alive():
-            time.sleep(0.001)  # set-up (exporters, server, export process) is not per step
-        time.sleep(2.0 if recorder.export is not None else 0.1)  # the export process imports its modules
-        clock = time.pthread_getcpuclockid(recorder.ident)
-        c0, e0 = time.clock_gettime(clock), process_cpu_s(recorder)
+        c0 = time.clock_gettime(clock)
         on.append(run(steps, True))
-        recorder_cpu.append((time.clock_gettime(clock) - c0) / steps * 1e6)
-        if recorder.export is not None:
-            export_cpu.append((process_cpu_s(recorder) - e0) / steps * 1e6)
-        recorder.stop()
-        recorder.join(timeout=10)
-        if recorder.analysis is not None:
-            steps_seen += recorder.analysis.acceptance.steps
-            windows += recorder.analysis.window_reports
-            spans = recorder.analysis._otel is not None
-        else:
-            spans = bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        recorder_cpu += time.clock_gettime(clock) - c0
+    export_cpu = process_cpu_s(recorder) - e0
+    recorder.stop()
+    recorder.join(timeout=10)
+    steps_seen = windows = 0
+    if recorder.analysis is not None:
+        steps_seen, windows = recorder.analysis.acceptance.steps, recorder.analysis.window_reports
+        spans = recorder.analysis._otel is not None
+    else:
+        spans = bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     assert st.enabled, st.disabled_reason
     lost = [b - a for a, b in zip(off, on, strict=True)]
+    quartiles = statistics.quantiles(lost, n=4)
     return {"N": n, "batch": bs, "steps_per_block": steps, "blocks": blocks,
             "python_us": python_us, "gpu_us": gpu_us,
             "step_us_off": statistics.median(off), "step_us_on": statistics.median(on),
-            "lost_us_per_step": statistics.median(lost), "lost_us_blocks": lost,
-            "recorder_cpu_us_per_step": statistics.median(recorder_cpu),
+            "lost_us_per_step": statistics.median(lost), "lost_us_mean": statistics.fmean(lost),
+            "lost_us_quartiles": [quartiles[0], quartiles[2]], "lost_us_blocks": lost,
+            "recorder_cpu_us_per_step": recorder_cpu / (blocks * steps) * 1e6,
             "export": st.config.export,
-            "export_process_cpu_us_per_step": statistics.fmean(export_cpu) if export_cpu else None,
-            "recorded_request_steps": steps_seen if st.config.export == "thread" else None,
-            "windows": windows if st.config.export == "thread" else None,
+            "export_process_cpu_us_per_step": (export_cpu / (blocks * steps) * 1e6
+                                               if recorder.export is not None else None),
+            "recorded_request_steps": steps_seen if recorder.analysis is not None else None,
+            "windows": windows if recorder.analysis is not None else None,
             "spans": spans, "steps_dropped": st.dropped}
+
+
+def wait_idle(recorder: object, timeout_s: float = 30.0) -> None:
+    """Until the export process (if any) stops using CPU: its start-up (imports, exporters) is not
+    per step."""
+    if getattr(recorder, "export", None) is None:
+        return
+    deadline, last = time.monotonic() + timeout_s, -1.0
+    while time.monotonic() < deadline and process_cpu_s(recorder) != last:
+        last = process_cpu_s(recorder)
+        time.sleep(0.5)
 
 
 def process_cpu_s(recorder: object) -> float:
@@ -392,11 +404,12 @@ def markdown(res: dict) -> str:
              "loses per step with the tracer on, the hooks and the GIL time of the tracer's threads in "
              "the scheduler process included (GPU work overlaps the scheduler's Python, as in SGLang's "
              "overlap scheduler, so no GPU time is in it).", "",
-             "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | recorder thread CPU "
+             "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | mean, quartiles "
+             "| recorder thread CPU "
              "µs/step | export process CPU µs/step (10 ms ticks) | hooks alone µs (hooked - unhooked) "
              "| launch hook / result hook µs | unhooked µs | meets 10 µs "
              "| hooks alone, every request tested (fallback) µs |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"]
     hooks_by_n = {r["N"]: r for r in res["hooks"]}
     nan = float("nan")
     for n in sorted({r["N"] for r in res["loop"]} | set(hooks_by_n)):
@@ -406,6 +419,7 @@ def markdown(res: dict) -> str:
         export_cpu = r.get("export_process_cpu_us_per_step")
         lines.append(f"| {n} | {r.get('batch', h.get('batch'))} | {r.get('step_us_off', nan):.1f} | "
                      f"{r.get('step_us_on', nan):.1f} | {r.get('lost_us_per_step', nan):.1f} | "
+                     f"{r.get('lost_us_mean', nan):.1f}, {_span(r.get('lost_us_quartiles'))} | "
                      f"{r.get('recorder_cpu_us_per_step', nan):.1f} | "
                      f"{'-' if export_cpu is None else f'{export_cpu:.0f}'} | "
                      f"{h.get('hs_tracer_us', nan):.1f} | {h.get('decode_hook_us', nan):.1f} / "
@@ -413,6 +427,10 @@ def markdown(res: dict) -> str:
                      f"{('yes' if worst <= 10 else 'NO') if r else '-'} | "
                      f"{h.get('hs_tracer_fallback_us', nan):.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _span(pair: list[float] | None) -> str:
+    return "-" if not pair else f"{pair[0]:.0f} to {pair[1]:.0f}"
 
 
 def main() -> int:

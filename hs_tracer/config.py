@@ -29,11 +29,11 @@ class TracerConfig:
     capture_max_bytes: int = 1 << 30  # HS_TRACER_CAPTURE_MAX_BYTES: rotation bound on disk
     span_sample: float = 0.01  # HS_TRACER_SPAN_SAMPLE: fraction of steps exported as OTel spans
     window_tokens: int = 2048  # HS_TRACER_WINDOW_TOKENS: tokens per diagnosis window
-    queue_size: int = 1024  # HS_TRACER_QUEUE_SIZE: step records buffered for the recorder thread
+    queue_size: int = 4096  # HS_TRACER_QUEUE_SIZE: step records buffered for the recorder thread
     metrics_port: int | None = None  # HS_TRACER_METRICS_PORT: own /metrics when SGLang's are off
     metrics_addr: str = "0.0.0.0"  # HS_TRACER_METRICS_ADDR: address that /metrics binds to
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
-    export: str = "thread"  # HS_TRACER_EXPORT: exporters in the recorder thread, or "process" (their own)
+    export: str = "process"  # HS_TRACER_EXPORT: exporters in a process of their own, or "thread"
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
@@ -73,8 +73,8 @@ def _existing_file(name: str, raw: str) -> Path:
 def _export(name: str, raw: str) -> str:
     mode = raw.strip().lower()
     if mode not in ("process", "thread"):
-        raise ValueError(f"{name}={raw!r} must be thread (exporters in the scheduler process's recorder "
-                         "thread, the default) or process (in a process of their own)")
+        raise ValueError(f"{name}={raw!r} must be process (exporters in a process of their own, the "
+                         "default) or thread (in the scheduler process's recorder thread)")
     return mode
 
 

@@ -1,25 +1,25 @@
 """The recorder thread: the part of hs_tracer's background work that has to stay in SGLang's scheduler
 process, kept as small as it can be.
 
-Every ``BATCH_INTERVAL_S`` it takes the verify steps the scheduler thread handed over
+It wakes periodically, takes the verify steps the scheduler thread handed over
 (:class:`~hs_tracer.integrations.sglang.steps.PendingStep`) and the fingerprint digests drained
-meanwhile, turns each run of ``CHUNK_STEPS`` into a :class:`~hs_tracer.export.batch.StepBatch` (a
-fixed number of numpy calls whatever its size; the analysis joins digests to steps), reads the
-diagnosis window the probe has landed, polls the capture sink, and hands all of it on.
-Where it goes (:func:`export_mode`):
+meanwhile, turns them into :class:`~hs_tracer.export.batch.StepBatch` es (a fixed number of numpy
+calls whatever their size; the analysis joins digests to steps), reads the diagnosis window the
+probe has landed, polls the capture sink, and hands all of it on. Where it goes (:func:`export_mode`):
 
-* ``thread`` (the default): to an :class:`~hs_tracer.export.analysis.Analysis` in this thread:
-  acceptance, Prometheus, OpenTelemetry spans, the online diagnosis and the live report. Always so
-  while SGLang's request tracing is on (events on its request traces go through trace contexts
-  that live in the scheduler process).
-* ``process`` (``HS_TRACER_EXPORT=process``): to hs_tracer's export process (``export/process.py``)
-  through a pipe; the analysis runs there, on its own interpreter, and the scheduler process keeps
-  only this thread's batching and the pipe writes.
+* ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe,
+  every ``FORWARD_INTERVAL_S``, everything pending as one batch in one write; the analysis runs
+  there, on its own interpreter, and the scheduler process keeps only this thread's batching.
+* ``thread`` (``HS_TRACER_EXPORT=thread``, and always while SGLang's request tracing is on: events on
+  its request traces go through trace contexts that live in the scheduler process): to an
+  :class:`~hs_tracer.export.analysis.Analysis` in this thread every ``BATCH_INTERVAL_S``, in batches
+  of ``CHUNK_STEPS``: acceptance, Prometheus, OpenTelemetry spans, the online diagnosis and the live
+  report.
 
 Why so little here: this thread shares the scheduler's GIL, so every microsecond of Python it runs
 is a microsecond the scheduler thread may wait. Waking once per step and doing per-step Python cost
-the scheduler 110-2000 µs per step on the H200 host; batches worked off with numpy cost it ~10-20 µs
-per step with the exporters in this process, and the batching alone a fraction of that
+the scheduler 110-2000 µs per step on the H200 host; batches worked off with numpy cost it ~10-25 µs
+per step with the exporters in this process, and the batching alone a small fraction of that
 (benchmarks/hook_overhead.py measures it; docs/fingerprint.md has the numbers).
 """
 
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hs_tracer")
 
 BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
+FORWARD_INTERVAL_S = 0.2
+"""The wake-up period in ``process`` mode: a wake-up there costs ~100-200 µs whatever it carries (array
+building, one pipe write, the probe's window), so it comes rarely and carries everything pending
+(at most ``HS_TRACER_QUEUE_SIZE`` steps: 4096 by default, 20 000 steps a second)."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long backlog in one go would hold up the scheduler thread, waking from its wait on the GPU, for
@@ -92,7 +96,8 @@ class Recorder(threading.Thread):
     def run(self) -> None:
         try:
             self._setup()
-            while not self._stopping.wait(BATCH_INTERVAL_S):
+            interval = FORWARD_INTERVAL_S if self.export is not None else BATCH_INTERVAL_S
+            while not self._stopping.wait(interval):
                 self._wake()
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)
@@ -132,29 +137,29 @@ class Recorder(threading.Thread):
             self.st.write_report()
 
     def _forward(self) -> None:
-        """Batches, the landed window and (when it changed, or every ``STATUS_EVERY_S`` while steps
-        arrive) this process's status, down the pipe."""
+        """Everything handed over since the last wake-up as one batch, the landed window and (when it
+        changed, or every ``STATUS_EVERY_S`` while steps arrive) this process's status, down the pipe
+        in one write."""
         export = self.export
         assert export is not None
         export.check()
-        sent = 0
-        for batch in self._batches():
-            if sent:
-                _yield()
-            export.send_batch(batch)
-            sent += 1
+        batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
+        for batch in batches:
+            export.queue_batch(batch)
+        sent = bool(batches)
         self._poll_capture()
         window = self._read_window()  # folded every wake-up: the probe's snapshot slots stay free
         if window is not None:
             self._window = window if self._window is None else self._window.merge(window)
         now = time.monotonic()
         if self._window is not None and (not sent or now - self._window_at >= DIAGNOSE_EVERY_S):
-            export.send_window(self._window)  # as often as the export process diagnoses, or when idle
+            export.queue_window(self._window)  # as often as the export process diagnoses, or when idle
             self._window, self._window_at = None, now
         health = self._health()
         if health != self._sent_health or (sent and now - self._status_at > STATUS_EVERY_S):
-            export.send_status(self.st.status(), health)
+            export.queue_status(self.st.status(), health)
             self._sent_health, self._status_at = health, now
+        export.flush()
 
     def _health(self) -> Health:
         st = self.st
@@ -165,8 +170,9 @@ class Recorder(threading.Thread):
         if self.st.capture is not None:
             self.st.capture.poll()  # sampled draft inputs whose host copy completed -> disk
 
-    def _batches(self) -> Iterator[StepBatch]:
-        """The steps handed over so far, ``CHUNK_STEPS`` to a batch, each joined to its digest."""
+    def _batches(self, chunk: int | None = CHUNK_STEPS) -> Iterator[StepBatch]:
+        """The steps handed over so far, ``chunk`` to a batch (None: all in one), with the digests
+        drained meanwhile."""
         steps, capture = self.st.steps, self.st.capture
         if steps is None:
             return
@@ -175,12 +181,13 @@ class Recorder(threading.Thread):
             return
         digests = steps.take_digests()  # drained after the steps were taken: none of theirs is missed
         requests = self.analysis is not None and _request_tracing()
-        for start in range(0, len(items), CHUNK_STEPS):
-            chunk = items[start:start + CHUNK_STEPS]
+        size = chunk or len(items)
+        for start in range(0, len(items), size):
+            run = items[start:start + size]
             if capture is not None:
-                for item in chunk:
+                for item in run:
                     capture.note_accept_lengths(item.lengths())
-            yield StepBatch.from_pending(chunk, *digests, requests=requests)
+            yield StepBatch.from_pending(run, *digests, requests=requests)
             digests = tuple(d[:0] for d in digests)  # the digests travel with the first batch
 
     def _read_window(self) -> ChannelStats | None:

@@ -68,7 +68,7 @@ class TracerState:
     _report_file: ReportFile | None = None
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
-    RING_SIZE: ClassVar[int] = 1024  # digest ring rows: steps the recorder may fall behind between batches
+    RING_SIZE: ClassVar[int] = 4096  # digest ring rows: steps the recorder may fall behind between batches
 
     @property
     def dropped(self) -> int:

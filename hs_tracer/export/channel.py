@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 FRAME = struct.Struct("<II")
-DTYPES = frozenset({"<i8", "<f8", "<i4", "<f4"})
+DTYPES = frozenset({"<i8", "<f8", "<i4", "<f4", "|i1"})
 MAX_MESSAGE = 1 << 30
 """Largest message accepted (a diagnosis window of a 7168-wide, 8-slot model is ~1.4 MB)."""
 PIPE_BYTES = 1 << 20

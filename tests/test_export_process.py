@@ -193,3 +193,25 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return status != "Z"  # a zombie has exited (only its parent may reap it)
+
+
+def test_scheduler_exports_itself_when_the_export_process_cannot_start(tmp_path: Path) -> None:
+    """No interpreter to start it with: the exporters run in the scheduler process, tracing stays on."""
+    from tests.infra.net import free_port
+
+    script = SCHEDULER.replace("st = started(", "sys.executable = '/nonexistent/python'\nst = started(", 1)
+    script = script.split("for i in range(30):")[0] + (
+        "for i in range(30):\n    step([1 + i % 4, 2])\n"
+        "wait(lambda: scrape('hs_tracer_verify_steps_total') == [30.0], '30 verify steps on /metrics')\n"
+        "report_path = report_dir / f'scheduler-{os.getpid()}.json'\n"
+        "steps = lambda: json.loads(report_path.read_text())['diagnosis']['acceptance']['steps']\n"
+        "wait(lambda: steps() == 60, 'the report')\n"
+        "print('RESULT ' + json.dumps({'where': st.recorder.where(), 'enabled': st.enabled,\n"
+        "                              'report': json.loads(report_path.read_text())}), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(free_port()), str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "cannot start the export process" in proc.stderr
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert out["where"] == {"mode": "thread"} and out["enabled"]
+    assert out["report"]["export"] == {"mode": "thread"}

@@ -68,7 +68,8 @@ class ExportProcess:
         """Raise if the export process has exited (the recorder then switches tracing off)."""
         if self.proc.poll() is not None:
             raise RuntimeError(f"hs_tracer's export process (pid {self.proc.pid}) exited with code "
-                               f"{self.proc.returncode}; its last lines are in the scheduler's log")
+                               f"{self.proc.returncode}; its last lines are in the scheduler's log. "
+                               "HS_TRACER_EXPORT=thread runs the exporters in the scheduler process instead")
 
     def _queue(self, kind: str, meta: dict[str, Any], arrays: list[np.ndarray] | tuple = ()) -> None:
         self._out.append(channel.encode(kind, meta, arrays))

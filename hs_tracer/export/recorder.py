@@ -118,11 +118,16 @@ class Recorder(threading.Thread):
         if self.mode == "process":
             from hs_tracer.export.process import ExportProcess
 
-            self.export = ExportProcess.start(setup, st.config.report_dir)
-        else:
-            steps = st.steps
-            self.analysis = Analysis(setup, request_events=steps.outbox.extend if steps is not None else None)
-            self.analysis.start()
+            try:
+                self.export = ExportProcess.start(setup, st.config.report_dir)
+                return
+            except OSError as exc:  # no interpreter to start, no processes left, ...: export from here
+                logger.warning("hs_tracer: cannot start the export process (%s); the exporters run in the "
+                               "scheduler process instead, as with HS_TRACER_EXPORT=thread", exc)
+                self.mode = "thread"
+        steps = st.steps
+        self.analysis = Analysis(setup, request_events=steps.outbox.extend if steps is not None else None)
+        self.analysis.start()
 
     def _wake(self) -> None:
         """One wake-up: everything handed over since the last one, to the export process or the

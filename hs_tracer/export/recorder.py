@@ -3,9 +3,10 @@ process, kept as small as it can be.
 
 It wakes periodically, takes the verify steps the scheduler thread handed over
 (:class:`~hs_tracer.integrations.sglang.steps.PendingStep`) and the fingerprint digests drained
-meanwhile, turns them into :class:`~hs_tracer.export.batch.StepBatch` es (a fixed number of numpy
-calls whatever their size; the analysis joins digests to steps), reads the diagnosis window the
-probe has landed, polls the capture sink, and hands all of it on. Where it goes (:func:`export_mode`):
+meanwhile, turns them into step batches (:class:`~hs_tracer.export.batch.StepBatch`: a fixed number
+of numpy calls whatever their size; the analysis joins digests to steps), reads the diagnosis
+window the probe has landed, polls the capture sink, and hands all of it on. Where it goes
+(:func:`export_mode`):
 
 * ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe,
   every ``FORWARD_INTERVAL_S``, everything pending as one batch in one write; the analysis runs
@@ -43,9 +44,10 @@ logger = logging.getLogger("hs_tracer")
 
 BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
 FORWARD_INTERVAL_S = 0.2
-"""The wake-up period in ``process`` mode: a wake-up there costs ~100-200 µs whatever it carries (array
-building, one pipe write, the probe's window), so it comes rarely and carries everything pending
-(at most ``HS_TRACER_QUEUE_SIZE`` steps: 4096 by default, 20 000 steps a second)."""
+"""The wake-up period in ``process`` mode. Much of a wake-up's cost is fixed whatever it carries (the
+arrays' set-up, the probe's window, the status, a pipe write: 0.2-1 ms on a 2-core CPU machine), so
+it comes rarely and carries everything pending (at most ``HS_TRACER_QUEUE_SIZE`` steps: 4096 by
+default, 20 000 steps a second)."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long backlog in one go would hold up the scheduler thread, waking from its wait on the GPU, for

@@ -215,3 +215,32 @@ def test_scheduler_exports_itself_when_the_export_process_cannot_start(tmp_path:
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
     assert out["where"] == {"mode": "thread"} and out["enabled"]
     assert out["report"]["export"] == {"mode": "thread"}
+
+
+def test_export_process_writes_sglangs_multiprocess_metrics(tmp_path: Path) -> None:
+    """SGLang with --enable-metrics sets PROMETHEUS_MULTIPROC_DIR before it starts the schedulers: the
+    export process inherits it and writes hs_tracer's series there, where SGLang's /metrics reads them."""
+    import os
+
+    from tests.infra.net import free_port
+
+    mp_dir = tmp_path / "prometheus"
+    mp_dir.mkdir()
+    script = SCHEDULER.split("for i in range(30):")[0] + (
+        "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+        "def aggregated(name):\n"
+        "    registry = CollectorRegistry()\n"
+        "    multiprocess.MultiProcessCollector(registry, path=os.environ['PROMETHEUS_MULTIPROC_DIR'])\n"
+        "    text = generate_latest(registry).decode()\n"
+        "    return [float(ln.rsplit(' ', 1)[1]) for ln in text.splitlines() if ln.startswith(name + '{')]\n"
+        "for i in range(30):\n    step([1 + i % 4, 2])\n"
+        "wait(lambda: aggregated('hs_tracer_verify_steps_total') == [30.0], 'the multiprocess files')\n"
+        "files = sorted(os.listdir(os.environ['PROMETHEUS_MULTIPROC_DIR']))\n"
+        "print('RESULT ' + json.dumps({'where': st.recorder.where(), 'files': files}))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(free_port()), str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir)})
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert out["where"]["mode"] == "process"
+    assert any(name.endswith(f"_{out['where']['pid']}.db") for name in out["files"])  # the export process's

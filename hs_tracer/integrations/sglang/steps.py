@@ -74,12 +74,10 @@ STEP_ATTR = "_hs_tracer_step"
 the step number to the result hook; it dies with the result object."""
 
 
-MIN_WINDOW_S = 0.1
+MIN_WINDOW_S = 0.02
 """A diagnosis window closes when it holds ``window_rows`` rows and at least this long after the
 previous close: closing one costs the scheduler thread ~20 µs (two async copies and an event), so
-fast large steps close one every few steps, not every step. The probe has two snapshot slots and the
-recorder frees them every 0.2 s; closing faster would have the scheduler thread fold windows itself
-(tens of µs each). Nothing is lost by closing less often: the diagnosis merges windows anyway."""
+fast large steps close one every few steps, not every step."""
 
 
 def request_settled(req: Any) -> bool:

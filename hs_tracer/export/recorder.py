@@ -43,11 +43,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hs_tracer")
 
 BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
-FORWARD_INTERVAL_S = 0.2
+FORWARD_INTERVAL_S = 0.05
 """The wake-up period in ``process`` mode. Much of a wake-up's cost is fixed whatever it carries (the
 arrays' set-up, the probe's window, the status, a pipe write: 0.2-1 ms on a 2-core CPU machine), so
 it comes rarely and carries everything pending (at most ``HS_TRACER_QUEUE_SIZE`` steps: 4096 by
-default, 20 000 steps a second)."""
+default, 80 000 steps a second)."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long backlog in one go would hold up the scheduler thread, waking from its wait on the GPU, for

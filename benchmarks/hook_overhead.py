@@ -32,8 +32,8 @@ export process's (another process: it does not hold the scheduler's GIL) from ``
 (10 ms), so that column is coarse. The loop is scheduler-bound, so whatever the tracer takes from the
 scheduler thread, the hooks and the GIL time of the tracer's threads in this process, lengthens the
 step. Off and on blocks alternate; the figure is the median over block pairs of (on - off) wall time per
-step, with their mean and quartiles beside it (a block should span a few of the recorder's wake-ups, 0.2
-s apart with the export process, or the median can miss them; the mean cannot). ``--switch-interval``
+step, with their mean and quartiles beside it (a block should span a few of the recorder's wake-ups, or the
+median can miss them; the mean cannot). ``--switch-interval``
 sets ``sys.setswitchinterval`` for the whole run (Python's default is 5 ms).
 
 "hooks": the hooks alone, per-step median of ``perf_counter_ns`` around the pair of calls, plain

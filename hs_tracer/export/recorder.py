@@ -9,7 +9,8 @@ window the probe has landed, polls the capture sink, and hands all of it on. Whe
 (:func:`export_mode`):
 
 * ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe,
-  every ``FORWARD_INTERVAL_S``, everything pending as one batch in one write; the analysis runs
+  every ``BATCH_INTERVAL_S``, everything pending as one batch in one write (most of a wake-up's cost
+  is fixed whatever it carries); the analysis runs
   there, on its own interpreter, and the scheduler process keeps only this thread's batching.
 * ``thread`` (``HS_TRACER_EXPORT=thread``, and always while SGLang's request tracing is on: events on
   its request traces go through trace contexts that live in the scheduler process): to an
@@ -43,11 +44,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hs_tracer")
 
 BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
-FORWARD_INTERVAL_S = 0.05
-"""The wake-up period in ``process`` mode. Much of a wake-up's cost is fixed whatever it carries (the
-arrays' set-up, the probe's window, the status, a pipe write: 0.2-1 ms on a 2-core CPU machine), so
-it comes rarely and carries everything pending (at most ``HS_TRACER_QUEUE_SIZE`` steps: 4096 by
-default, 80 000 steps a second)."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long backlog in one go would hold up the scheduler thread, waking from its wait on the GPU, for
@@ -98,8 +94,7 @@ class Recorder(threading.Thread):
     def run(self) -> None:
         try:
             self._setup()
-            interval = FORWARD_INTERVAL_S if self.export is not None else BATCH_INTERVAL_S
-            while not self._stopping.wait(interval):
+            while not self._stopping.wait(BATCH_INTERVAL_S):
                 self._wake()
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)

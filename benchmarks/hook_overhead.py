@@ -111,10 +111,13 @@ class StandInProbe:
     def end_window(self) -> None:
         self.windows += 1
 
-    def read_window(self, block: bool = False) -> ChannelStats | None:
+    def read_window(self, block: bool = False, into: ChannelStats | None = None) -> ChannelStats | None:
         if not self.windows:
             return None
         self.windows = 0
+        if into is not None:
+            into.add(self._window)
+            return into
         return self._window
 
     def drain_raw(self) -> list:

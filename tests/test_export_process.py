@@ -46,6 +46,32 @@ def test_messages_cross_the_pipe_unchanged_however_it_splits_them(cut: int) -> N
             assert array.dtype == getattr(batch, name).dtype
 
 
+def test_a_message_larger_than_the_pipe_is_written_whole_from_the_arrays_own_memory() -> None:
+    """The recorder writes batches as buffer lists (no copies); a pipe takes a few MB in several
+    partial writes, which must neither lose nor repeat a byte."""
+    import os
+    import threading
+
+    rng = np.random.default_rng(0)
+    batch = _batch(rng, 4096, 3)
+    batch.lengths = rng.integers(1, 5, 3 << 20).astype(np.int8)  # 3 MB: several pipe fills
+    parts = channel.frame("steps", {"n": 0}, [getattr(batch, a) for a in ARRAYS])
+    parts += channel.frame("window", {}, [np.zeros(0), np.ones((2, 3))])  # an empty array too
+    rd, wr = os.pipe()
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(rd, 1 << 16), b"")))
+    reader.start()
+    channel.write_all(wr, parts)
+    os.close(wr)
+    reader.join()
+    os.close(rd)
+    received = b"".join(chunks)
+    assert received == b"".join(bytes(p) for p in parts)
+    (_k, _m, arrays), (kind, _m2, window) = channel.Reader().feed(received)
+    np.testing.assert_array_equal(arrays[ARRAYS.index("lengths")], batch.lengths)
+    assert kind == "window" and window[0].size == 0 and window[1].sum() == 6
+
+
 @pytest.mark.parametrize("damage", ["object dtype", "short body", "long body", "not json", "huge"])
 def test_reader_refuses_anything_it_did_not_write(damage: str) -> None:
     good = channel.encode("window", {}, [np.zeros((2, 3))])

@@ -51,7 +51,7 @@ class ExportProcess:
         self.proc = proc
         assert proc.stdin is not None
         self._fd = proc.stdin.fileno()
-        self._out: list[bytes] = []  # messages queued since the last flush
+        self._out: list[bytes | memoryview] = []  # buffers of the messages queued since the last flush
 
     @classmethod
     def start(cls, setup: ExportSetup, report_dir: Path | None) -> ExportProcess:
@@ -72,16 +72,17 @@ class ExportProcess:
                                "HS_TRACER_EXPORT=thread runs the exporters in the scheduler process instead")
 
     def _queue(self, kind: str, meta: dict[str, Any], arrays: list[np.ndarray] | tuple = ()) -> None:
-        self._out.append(channel.encode(kind, meta, arrays))
+        self._out.extend(channel.frame(kind, meta, arrays))
 
     def flush(self) -> None:
         """Write the queued messages, in one system call where the pipe takes them (a write costs
-        the recorder tens of µs of system time whatever its size)."""
-        data, self._out = b"".join(self._out), []
-        if not data:
+        the recorder tens of µs of system time whatever its size). Queued arrays are written from
+        their own memory: they must not change before this."""
+        parts, self._out = self._out, []
+        if not parts:
             return
         try:
-            channel.write_all(self._fd, data)
+            channel.write_all(self._fd, parts)
         except OSError as exc:
             self.proc.wait(5)
             self.check()
@@ -99,7 +100,7 @@ class ExportProcess:
                     arrays)
 
     def queue_window(self, window: ChannelStats) -> None:
-        """Queue a diagnosis window's channel sums."""
+        """Queue a diagnosis window's channel sums (written from its arrays at :meth:`flush`)."""
         self._queue("window", {}, [window.count, window.sum, window.sumsq])
 
     def queue_status(self, status: dict[str, Any], health: Health) -> None:

@@ -8,10 +8,14 @@ of numpy calls whatever their size; the analysis joins digests to steps), reads 
 window the probe has landed, polls the capture sink, and hands all of it on. Where it goes
 (:func:`export_mode`):
 
-* ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe,
-  every ``BATCH_INTERVAL_S``, everything pending as one batch in one write (most of a wake-up's cost
-  is fixed whatever it carries); the analysis runs
-  there, on its own interpreter, and the scheduler process keeps only this thread's batching.
+* ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe.
+  Every ``BATCH_INTERVAL_S`` the thread folds the diagnosis windows that landed (the probe has two
+  snapshot slots to free) and looks at how many steps wait; it hands them over, everything pending as
+  one batch in one write, only every ``FORWARD_EVERY_S``, when half the hand-off queue is full, or
+  with a window it sends. A hand-off's cost in this process is mostly fixed, whatever it carries:
+  a few tens of numpy and pipe calls, each slowed by caches the scheduler thread just used and by the
+  GIL changing hands around them (on the H200 host a 50 ms hand-off of ~85 steps took ~700 µs of
+  this thread's CPU, ~8 µs a step). The analysis runs in the export process, on its own interpreter.
 * ``thread`` (``HS_TRACER_EXPORT=thread``, and always while SGLang's request tracing is on: events on
   its request traces go through trace contexts that live in the scheduler process): to an
   :class:`~hs_tracer.export.analysis.Analysis` in this thread every ``BATCH_INTERVAL_S``, in batches
@@ -43,7 +47,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hs_tracer")
 
-BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period and works off everything pending
+BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period (``thread``: and works off everything pending)
+FORWARD_EVERY_S = 0.5
+"""``process`` mode: pending steps go to the export process at least this often (sooner when half the
+hand-off queue is full, :attr:`~hs_tracer.integrations.sglang.steps.StepPath.forward_after`). The
+export process refreshes the report and diagnoses no more often than this anyway."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long backlog in one go would hold up the scheduler thread, waking from its wait on the GPU, for
@@ -87,8 +95,10 @@ class Recorder(threading.Thread):
         self._stopping = threading.Event()
         self._sent_health: Health | None = None
         self._status_at = 0.0
-        self._window: ChannelStats | None = None  # windows read since the last one sent
+        self._window: ChannelStats | None = None  # ``process``: windows read since the last one sent
+        self._window_fresh = False
         self._window_at = 0.0
+        self._forward_at = 0.0  # last hand-off to the export process
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -139,29 +149,40 @@ class Recorder(threading.Thread):
             self.st.write_report()
 
     def _forward(self) -> None:
-        """Everything handed over since the last wake-up as one batch, the landed window and (when it
-        changed, or every ``STATUS_EVERY_S`` while steps arrive) this process's status, down the pipe
-        in one write."""
+        """Fold the windows that landed; when due (module docstring), everything handed over since
+        the last hand-off as one batch, the folded window and (when it changed, or every
+        ``STATUS_EVERY_S`` while steps arrive) this process's status, down the pipe in one write."""
         export = self.export
         assert export is not None
+        # every wake-up: the probe's snapshot slots stay free; folded in place, after the first
+        window = self._read_window(into=self._window)
+        if window is not None:
+            self._window, self._window_fresh = window, True
+        self._poll_capture()
+        steps = self.st.steps
+        waiting = len(steps.pending) if steps is not None else 0
+        now = time.monotonic()
+        window_due = self._window_fresh and (not waiting or now - self._window_at >= DIAGNOSE_EVERY_S)
+        if (not window_due and now - self._forward_at < FORWARD_EVERY_S
+                and (steps is None or waiting < steps.forward_after)):
+            return
+        self._forward_at = now
         export.check()
         batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
         for batch in batches:
             export.queue_batch(batch)
         sent = bool(batches)
-        self._poll_capture()
-        window = self._read_window()  # folded every wake-up: the probe's snapshot slots stay free
-        if window is not None:
-            self._window = window if self._window is None else self._window.merge(window)
-        now = time.monotonic()
-        if self._window is not None and (not sent or now - self._window_at >= DIAGNOSE_EVERY_S):
-            export.queue_window(self._window)  # as often as the export process diagnoses, or when idle
-            self._window, self._window_at = None, now
+        if window_due:  # when idle at once, else as often as the export process diagnoses
+            assert self._window is not None
+            export.queue_window(self._window)
         health = self._health()
         if health != self._sent_health or (sent and now - self._status_at > STATUS_EVERY_S):
             export.queue_status(self.st.status(), health)
             self._sent_health, self._status_at = health, now
         export.flush()
+        if window_due and self._window is not None:  # written from its arrays: the sums start again now
+            self._window.clear()
+            self._window_fresh, self._window_at = False, now
 
     def _health(self) -> Health:
         st = self.st
@@ -192,10 +213,10 @@ class Recorder(threading.Thread):
             yield StepBatch.from_pending(run, *digests, requests=requests)
             digests = tuple(d[:0] for d in digests)  # the digests travel with the first batch
 
-    def _read_window(self) -> ChannelStats | None:
+    def _read_window(self, into: ChannelStats | None = None) -> ChannelStats | None:
         steps = self.st.steps
         source = None if steps is None else (steps.decode or steps.prefill)
-        return source.probe.read_window() if source is not None else None
+        return source.probe.read_window(into=into) if source is not None else None
 
     # ---- report ------------------------------------------------------------------------------------
     def where(self) -> dict[str, Any]:

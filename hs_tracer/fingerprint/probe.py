@@ -216,7 +216,7 @@ class FingerprintProbe:
                 return
             free = [w for w in range(_WINDOW_SLOTS) if not self._win_pending[w]]
             if not free:  # folding is the reader's (read_window); here only when no slot is free
-                self._fold_windows(block=False)
+                self._window_fresh |= self._fold_windows(False, self._window)
                 free = [w for w in range(_WINDOW_SLOTS) if not self._win_pending[w]]
             if not free:
                 self.window_skips += 1
@@ -271,20 +271,32 @@ class FingerprintProbe:
         """Steps whose digest was overwritten before it was drained (the ring is bounded)."""
         return self._ring.dropped if self._cuda else self._dropped
 
-    def read_window(self, block: bool = False) -> ChannelStats | None:
+    def read_window(self, block: bool = False, into: ChannelStats | None = None) -> ChannelStats | None:
         """Per-channel stats of the windows whose snapshot has landed since the last read, merged;
-        None if none has. ``block=True`` waits for snapshots in flight (shutdown and tests only)."""
+        None if none has. ``block=True`` waits for snapshots in flight (shutdown and tests only).
+        ``into``: add them to this accumulator in place and return it, allocating nothing (the
+        recorder folds every wake-up)."""
         with self._lock:
+            if into is None:
+                if self._cuda:
+                    self._window_fresh |= self._fold_windows(block, self._window)
+                if not self._window_fresh:
+                    return None
+                out, self._window_fresh = self._window, False
+                self._window = ChannelStats.zeros(self.num_slots, self.hidden)
+                return out
+            fresh = self._window_fresh  # what end_window had to fold itself, or the host path's windows
+            if fresh:
+                into.add(self._window)
+                self._window.clear()
+                self._window_fresh = False
             if self._cuda:
-                self._fold_windows(block)
-            if not self._window_fresh:
-                return None
-            out = self._window
-            self._window = ChannelStats.zeros(self.num_slots, self.hidden)
-            self._window_fresh = False
-            return out
+                fresh |= self._fold_windows(block, into)
+            return into if fresh else None
 
-    def _fold_windows(self, block: bool) -> None:
+    def _fold_windows(self, block: bool, into: ChannelStats) -> bool:
+        """Add the snapshots that landed to ``into``, freeing their slots; whether any had."""
+        folded = False
         for w in range(_WINDOW_SLOTS):
             if not self._win_pending[w]:
                 continue
@@ -293,8 +305,9 @@ class FingerprintProbe:
             elif not self._win_events[w].query():
                 continue
             sums = self._win_sums[w].numpy()
-            self._window.count += self._win_count[w].numpy()
-            self._window.sum += sums[0]
-            self._window.sumsq += sums[1]
-            self._window_fresh = True
+            into.count += self._win_count[w].numpy()
+            into.sum += sums[0]
+            into.sumsq += sums[1]
             self._win_pending[w] = False
+            folded = True
+        return folded

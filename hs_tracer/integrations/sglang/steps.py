@@ -74,10 +74,12 @@ STEP_ATTR = "_hs_tracer_step"
 the step number to the result hook; it dies with the result object."""
 
 
-MIN_WINDOW_S = 0.02
+MIN_WINDOW_S = 0.1
 """A diagnosis window closes when it holds ``window_rows`` rows and at least this long after the
-previous close: closing one costs the scheduler thread ~20 µs (two async copies and an event), so
-fast large steps close one every few steps, not every step."""
+previous close. Closing one costs the scheduler thread ~20 µs (two async copies and an event) and the
+recorder thread a fold of three ``[K, H]`` arrays, so fast large steps close one every 0.1 s, not
+every step; nothing is lost (rows go on adding up), and the export process diagnoses the windows of
+up to a second merged anyway."""
 
 
 def request_settled(req: Any) -> bool:
@@ -206,6 +208,9 @@ class StepPath:
         self.width_warned = False
         ring = int(getattr(decode, "ring_size", 64))
         self._join = DigestJoin(4 * max(ring, capacity))  # for take()
+        # Steps waiting that make the recorder hand them over at once: half of what this queue and
+        # the probe's digest ring hold, so neither drops while a hand-off is due.
+        self.forward_after = max(1, min(capacity, int(getattr(decode, "ring_size", capacity))) // 2)
         self._host_s = 0.0  # host time in the per-step hooks since the last record
         # (step, request list) of the two latest decode launches that named their requests
         self._launches: tuple[tuple[int, Any] | None, tuple[int, Any] | None] = (None, None)

@@ -122,6 +122,8 @@ class Wake:
 
     def __call__(self) -> None:
         if self.current:
+            if hasattr(self.rec, "_forward_at"):  # revisions that hand steps over only every so often
+                self.rec._forward_at = float("-inf")  # measure a hand-off, not a wake-up that waits
             self.rec._wake()
         else:
             self.rec._on_steps()

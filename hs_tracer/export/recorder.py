@@ -172,16 +172,16 @@ class Recorder(threading.Thread):
         for batch in batches:
             export.queue_batch(batch)
         sent = bool(batches)
-        if window_due:  # when idle at once, else as often as the export process diagnoses
-            assert self._window is not None
-            export.queue_window(self._window)
+        sending = self._window if window_due else None  # when idle at once, else once per diagnosis
+        if sending is not None:
+            export.queue_window(sending)
         health = self._health()
         if health != self._sent_health or (sent and now - self._status_at > STATUS_EVERY_S):
             export.queue_status(self.st.status(), health)
             self._sent_health, self._status_at = health, now
         export.flush()
-        if window_due and self._window is not None:  # written from its arrays: the sums start again now
-            self._window.clear()
+        if sending is not None:  # written from its arrays: the sums start again only now
+            sending.clear()
             self._window_fresh, self._window_at = False, now
 
     def _health(self) -> Health:

@@ -206,11 +206,11 @@ class StepPath:
         self.prefill_steps = 0
         self.input_width: int | None = None
         self.width_warned = False
-        ring = int(getattr(decode, "ring_size", 64))
-        self._join = DigestJoin(4 * max(ring, capacity))  # for take()
+        ring = getattr(decode, "ring_size", None)
+        self._join = DigestJoin(4 * max(int(ring or 64), capacity))  # for take()
         # Steps waiting that make the recorder hand them over at once: half of what this queue and
         # the probe's digest ring hold, so neither drops while a hand-off is due.
-        self.forward_after = max(1, min(capacity, int(getattr(decode, "ring_size", capacity))) // 2)
+        self.forward_after = max(1, min(capacity, int(ring or capacity)) // 2)
         self._host_s = 0.0  # host time in the per-step hooks since the last record
         # (step, request list) of the two latest decode launches that named their requests
         self._launches: tuple[tuple[int, Any] | None, tuple[int, Any] | None] = (None, None)

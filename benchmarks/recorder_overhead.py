@@ -2,6 +2,7 @@
 revisions of hs_tracer side by side in one run (CPU; no GPU needed).
 
     PYTHONPATH=. python benchmarks/recorder_overhead.py --before DIR [--out FILE] [--rounds 3]
+        [--export thread|process] [--before-export thread|process]
 
 ``DIR`` is a checkout of the revision to compare with (e.g. ``git worktree add DIR main``). Each
 round runs one child process per revision, alternating (before, after, before, after, ...), each
@@ -158,7 +159,8 @@ def run_child(checkout: Path, args: argparse.Namespace, env: dict[str, str]) -> 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--ns", args.ns,
            "--steps", str(args.steps), "--batches", str(args.batches),
            "--loop-steps", str(args.loop_steps), "--blocks", str(args.blocks),
-           *(["--loop"] if args.loop else []), "--export", args.export if checkout == REPO else "thread"]
+           *(["--loop"] if args.loop else []),
+           "--export", args.export if checkout == REPO else args.before_export]
     proc = subprocess.run(cmd, cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, capture_output=True,
                           text=True, timeout=3600)
     if proc.returncode:
@@ -180,6 +182,8 @@ def main() -> None:
     ap.add_argument("--loop", action="store_true", help="also run hook_overhead.py's loop per N")
     ap.add_argument("--export", choices=("thread", "process"), default="thread",
                     help="HS_TRACER_EXPORT of the revision after (before: exporters in its thread)")
+    ap.add_argument("--before-export", choices=("thread", "process"), default="thread",
+                    help="HS_TRACER_EXPORT of the revision before (if it has the export process)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

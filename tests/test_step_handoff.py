@@ -44,33 +44,48 @@ def test_length_counts_equal_a_bincount(size: int) -> None:
     assert got.tolist() == want.tolist()
 
 
-def test_committed_lengths_of_a_batch_equal_each_steps_own() -> None:
-    """The batch join (one torch.cat, one delete of the skipped requests) keeps exactly what each
-    step's own ``lengths()`` keeps, in order, with the per-step counts."""
+def test_a_batch_from_the_step_log_keeps_what_each_step_committed() -> None:
+    """Steps logged across the end of the log's slots (runs that wrap), with skipped requests and
+    both kinds of accept lengths, come out as one batch per run with exactly what each step
+    committed, in order; a full log drops the new steps and counts them."""
     import torch
 
-    from hs_tracer.export.batch import committed_lengths
-    from hs_tracer.integrations.sglang.steps import PendingStep
+    from hs_tracer.export.batch import StepBatch
+    from hs_tracer.export.step_log import StepLog
 
     rng = np.random.default_rng(3)
-
-    def step(i: int, skip: list[int], tensor: bool = True) -> PendingStep:
-        lens = rng.integers(1, 5, size=6)
-        accept = torch.tensor(lens, dtype=torch.int32) if tensor else lens.tolist()
-        return PendingStep(i, 0, accept, tuple(range(6)), skip, 4, None, None, 0.0)
-
-    def join(items: list[PendingStep]) -> tuple[np.ndarray, np.ndarray]:
-        return committed_lengths([p.accept_lens for p in items], [p.reqs for p in items],
-                                 [p.skip for p in items])
-
-    plain = [step(i, []) for i in range(5)]
-    joined, sizes = join(plain)
-    assert joined.tolist() == np.concatenate([p.lengths() for p in plain]).tolist()
-    assert sizes.tolist() == [6] * 5
-    mixed = [step(0, [1, 5]), step(1, []), step(2, [0], tensor=False), step(3, [2, 3, 4])]
-    joined, sizes = join(mixed)
-    assert joined.tolist() == np.concatenate([p.lengths() for p in mixed]).tolist()
-    assert sizes.tolist() == [4, 6, 5, 3]
+    log = StepLog(8)
+    no_digests = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 3, 5), np.float32))
+    step = 0
+    for run_length in (5, 6, 8, 3):  # 5 + 6 crosses the end of the 8 slots, 8 fills them
+        want_lengths, want_sizes, want_reqs = [], [], []
+        for _ in range(run_length):
+            step += 1
+            lens = rng.integers(1, 5, size=6)
+            skip = sorted(rng.choice(6, size=rng.integers(0, 3), replace=False).tolist()) if step % 3 else []
+            reqs = tuple(f"r{step}.{i}" for i in range(6))
+            accept = torch.tensor(lens, dtype=torch.int32) if step % 2 else lens.tolist()
+            assert log.append(step, 10 * step, accept, reqs, skip, 4, step * 1e-6)
+            want_lengths += [int(x) for i, x in enumerate(lens) if i not in skip]
+            want_sizes.append(6 - len(skip))
+            want_reqs.append([r for i, r in enumerate(reqs) if i not in skip])
+        assert len(log) == run_length
+        batch = StepBatch.from_run(log.take(), *no_digests, requests=True)
+        assert batch.steps.tolist() == list(range(step - run_length + 1, step + 1))
+        assert batch.time_unix_ns.tolist() == (10 * batch.steps).tolist()
+        assert batch.lengths.tolist() == want_lengths and batch.sizes.tolist() == want_sizes
+        assert batch.requests == want_reqs
+        assert [part.tolist() for part in batch.step_lengths()] == [
+            want_lengths[sum(want_sizes[:i]):sum(want_sizes[:i + 1])] for i in range(run_length)]
+        halves = batch.split(2)
+        assert np.concatenate([h.lengths for h in halves]).tolist() == want_lengths
+        assert [len(h) for h in halves] == [2] * (run_length // 2) + [1] * (run_length % 2)
+        assert log.take() is None
+    for i in range(10):
+        log.append(100 + i, 0, [2], ("x",), [], 4, 0.0)
+    assert len(log) == 8 and log.dropped == 2
+    assert log.take().steps.tolist() == list(range(100, 108))  # the first 8: the new ones were dropped
+    assert all(ref is None for ref in log._accept) and all(ref is None for ref in log._reqs)
 
 
 def test_sampled_steps_of_a_batch_equal_asking_step_by_step() -> None:

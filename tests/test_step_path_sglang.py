@@ -120,7 +120,7 @@ st = startup(TracerConfig(), finish=False)
 d = ScheduleBatch(reqs=[req("x")])
 res = decode(worker, d, NDT, 1.0)
 resolve(d.copy(), res, [2])
-out["pp_nonlast"] = {"enabled": st.enabled, "queued": 0 if st.steps is None else len(st.steps.pending)}
+out["pp_nonlast"] = {"enabled": st.enabled, "queued": 0 if st.steps is None else len(st.steps.log)}
 
 # ---- two DP replicas without DP attention --------------------------------------------------------
 from sglang.srt.runtime_context import SpawnRanks, publish, reset_context

@@ -124,7 +124,7 @@ for it in range(400):
 while queue:
     process(*queue.popleft())
 
-got = [(p.step, [(r.rid, int(x)) for r, x in zip(p.kept(), p.lengths())]) for p in st.steps.take_pending()]
+got = [(r.step, [list(pair) for pair in zip(r.request_ids, r.accept_lengths)]) for r in st.steps.take()]
 want = [(s, c) for s, c in expected if c]
 print("RESULT " + json.dumps({"got": got, "want": want, "enabled": st.enabled, "reason": st.disabled_reason,
                               "skipped": stats["skipped"],

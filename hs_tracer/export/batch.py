@@ -1,8 +1,8 @@
 """Verify steps as a few flat arrays: what the scheduler process hands its exporters and diagnosis.
 
-The scheduler thread hands each step over as references (``steps.PendingStep``); the recorder
+The scheduler thread logs each step in preallocated columns (``step_log.StepLog``); the recorder
 thread turns a run of them, and the fingerprint digests drained from the probe meanwhile, into one
-:class:`StepBatch` with a fixed number of numpy calls whatever the batch size. Digests are not
+:class:`StepBatch` with a fixed number of numpy calls whatever the run's length. Digests are not
 joined to their steps here (that is per-step Python): the batch carries them as drained, and the
 analysis joins them by step number (``steps.DigestJoin``). A batch holds no engine objects unless
 asked to (``requests``: SGLang's request objects, needed only for events on SGLang's own request
@@ -21,14 +21,11 @@ from hs_tracer.fingerprint.stats import StepDigest
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
-    from hs_tracer.integrations.sglang.steps import PendingStep
+    from hs_tracer.export.step_log import StepRun
 
 ARRAYS = ("steps", "time_unix_ns", "num_draft_tokens", "host_s", "sizes", "lengths", "digest_steps",
           "digest_tokens", "digest_raws")
 """The array fields of :class:`StepBatch`, in the order they cross the pipe."""
-
-# PendingStep's fields, by position: the batch reads them column-wise (one transpose in C)
-_STEP, _TIME, _ACCEPT_LENS, _REQS, _SKIP, _NUM_DRAFT_TOKENS, _MAX_ACCEPT, _WIDTH, _HOST_S = range(9)
 
 
 @dataclass
@@ -54,26 +51,46 @@ class StepBatch:
     requests: list[Sequence[Any]] | None = None  # committed requests per step (same process only)
 
     @classmethod
-    def from_pending(cls, items: Sequence[PendingStep], digest_steps: np.ndarray, digest_tokens: np.ndarray,
-                     digest_raws: np.ndarray, requests: bool = False) -> StepBatch:
-        """One batch from pending steps (at least one) and the digests drained with them.
-        ``requests``: keep each step's committed request objects (for SGLang request traces)."""
-        columns = list(zip(*items, strict=False))  # every item has all of PendingStep's fields
-        lengths, sizes = committed_lengths(columns[_ACCEPT_LENS], columns[_REQS], columns[_SKIP])
-        width = next((w for w in reversed(columns[_WIDTH]) if w is not None), None)
-        return cls(
-            steps=np.array(columns[_STEP], dtype=np.int64),
-            time_unix_ns=np.array(columns[_TIME], dtype=np.int64),
-            num_draft_tokens=np.array(columns[_NUM_DRAFT_TOKENS], dtype=np.int64),
-            host_s=np.array(columns[_HOST_S], dtype=np.float64),
-            sizes=sizes, lengths=lengths,
-            digest_steps=digest_steps, digest_tokens=digest_tokens, digest_raws=digest_raws,
-            max_accept_length=columns[_MAX_ACCEPT][-1], input_width=width,
-            requests=[item.kept() for item in items] if requests else None,
-        )
+    def from_run(cls, run: StepRun, digest_steps: np.ndarray, digest_tokens: np.ndarray,
+                 digest_raws: np.ndarray, max_accept_length: int | None = None,
+                 input_width: int | None = None, requests: bool = False) -> StepBatch:
+        """One batch from a run of logged steps and the digests drained with them. ``requests``:
+        keep each step's committed request objects (for SGLang request traces)."""
+        lengths, sizes = committed_lengths(run.accept_lens, run.batch_sizes, run.skips)
+        kept = None
+        if requests:
+            skipped = dict(run.skips)
+            kept = [_kept(reqs, skipped.get(i)) for i, reqs in enumerate(run.reqs)]
+        return cls(steps=run.steps, time_unix_ns=run.time_unix_ns, num_draft_tokens=run.num_draft_tokens,
+                   host_s=run.host_s, sizes=sizes, lengths=lengths, digest_steps=digest_steps,
+                   digest_tokens=digest_tokens, digest_raws=digest_raws, max_accept_length=max_accept_length,
+                   input_width=input_width, requests=kept)
 
     def __len__(self) -> int:
         return int(self.steps.size)
+
+    def step_lengths(self) -> list[np.ndarray]:
+        """Each step's committed accept lengths."""
+        return np.split(self.lengths, np.cumsum(self.sizes)[:-1])
+
+    def split(self, steps: int) -> list[StepBatch]:
+        """This batch as batches of ``steps`` steps, oldest first; the digests go with the first."""
+        ends = np.cumsum(self.sizes)
+        out = []
+        for start in range(0, len(self), steps):
+            stop = min(start + steps, len(self))
+            lo, hi = int(ends[start - 1]) if start else 0, int(ends[stop - 1])
+            first = not out
+            out.append(StepBatch(
+                steps=self.steps[start:stop], time_unix_ns=self.time_unix_ns[start:stop],
+                num_draft_tokens=self.num_draft_tokens[start:stop], host_s=self.host_s[start:stop],
+                sizes=self.sizes[start:stop], lengths=self.lengths[lo:hi],
+                digest_steps=self.digest_steps if first else self.digest_steps[:0],
+                digest_tokens=self.digest_tokens if first else self.digest_tokens[:0],
+                digest_raws=self.digest_raws if first else self.digest_raws[:0],
+                max_accept_length=self.max_accept_length, input_width=self.input_width,
+                requests=self.requests[start:stop] if self.requests is not None else None))
+        return out
 
     def draft_tokens(self) -> int:
         """Drafts proposed over the batch: every committed request proposes ``num_draft_tokens - 1``."""
@@ -96,15 +113,16 @@ class StepBatch:
         )
 
 
-def committed_lengths(accept_lens: Sequence[Any], reqs: Sequence[Sequence[Any]],
-                      skips: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def committed_lengths(accept_lens: Sequence[Any], batch_sizes: np.ndarray,
+                      skips: Sequence[tuple[int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
     """Every committed request's accept length over a run of steps, joined in order (SGLang's integer
     dtype), and how many each step committed. Per step: SGLang's accept lengths (a CPU tensor, or a
-    sequence), its request list and the indices SGLang skipped.
+    sequence) and its batch size; ``skips``: ``(step index, request indices SGLang skipped)`` for the
+    steps that skipped any.
 
     SGLang's per-step tensors are joined by one ``torch.cat`` and the skipped requests removed by one
-    ``np.delete``, so a run costs a few calls whatever its length (per step only list operations);
-    plain sequences (tests, the V1 worker) are converted one by one."""
+    ``np.delete``, so a run costs a few calls whatever its length; plain sequences (tests, the V1
+    worker) are converted one by one."""
     import torch
 
     if set(map(type, accept_lens)) == {torch.Tensor}:
@@ -112,18 +130,25 @@ def committed_lengths(accept_lens: Sequence[Any], reqs: Sequence[Sequence[Any]],
     else:
         joined = np.concatenate([np.asarray(t.numpy() if hasattr(t, "numpy") else t).reshape(-1)
                                  for t in accept_lens])
-    counts = np.fromiter(map(len, reqs), np.int64, len(reqs))  # one accept length per request
+    counts = batch_sizes.astype(np.int64)  # one accept length per request
     if int(counts.sum()) != joined.size:  # never so in SGLang; count the lengths themselves then
         counts = np.fromiter((t.numel() if hasattr(t, "numel") else len(t) for t in accept_lens), np.int64,
                              len(accept_lens))
-    skipped = [(i, skip) for i, skip in enumerate(skips) if skip]
-    if not skipped:
+    if not skips:
         return joined, counts
     starts = np.cumsum(counts) - counts
-    drop = np.concatenate([np.asarray(skip, dtype=np.int64) + starts[i] for i, skip in skipped])
-    for i, skip in skipped:
+    drop = np.concatenate([np.asarray(skip, dtype=np.int64) + starts[i] for i, skip in skips])
+    for i, skip in skips:
         counts[i] -= len(skip)
     return np.delete(joined, drop), counts
+
+
+def _kept(reqs: Sequence[Any], skip: list[int] | None) -> list[Any]:
+    """The requests of a step that SGLang committed."""
+    if not skip:
+        return list(reqs)
+    skipped = set(skip)
+    return [r for i, r in enumerate(reqs) if i not in skipped]
 
 
 def step_digest(digest: tuple[int, np.ndarray] | None, hidden: int) -> StepDigest | None:

@@ -1,10 +1,10 @@
 """The recorder thread: the part of hs_tracer's background work that has to stay in SGLang's scheduler
 process, kept as small as it can be.
 
-It wakes periodically, takes the verify steps the scheduler thread handed over
-(:class:`~hs_tracer.integrations.sglang.steps.PendingStep`) and the fingerprint digests drained
-meanwhile, turns them into step batches (:class:`~hs_tracer.export.batch.StepBatch`: a fixed number
-of numpy calls whatever their size; the analysis joins digests to steps), reads the diagnosis
+It wakes periodically, takes the verify steps the scheduler thread logged
+(:class:`~hs_tracer.export.step_log.StepLog`) and the fingerprint digests drained meanwhile as step
+batches (:class:`~hs_tracer.export.batch.StepBatch`: a fixed number of slice copies and numpy calls
+whatever their number; the analysis joins digests to steps), reads the diagnosis
 window the probe has landed, polls the capture sink, and hands all of it on. Where it goes
 (:func:`export_mode`):
 
@@ -160,7 +160,7 @@ class Recorder(threading.Thread):
             self._window, self._window_fresh = window, True
         self._poll_capture()
         steps = self.st.steps
-        waiting = len(steps.pending) if steps is not None else 0
+        waiting = len(steps.log) if steps is not None else 0
         now = time.monotonic()
         window_due = self._window_fresh and (not waiting or now - self._window_at >= DIAGNOSE_EVERY_S)
         if (not window_due and now - self._forward_at < FORWARD_EVERY_S
@@ -194,24 +194,21 @@ class Recorder(threading.Thread):
             self.st.capture.poll()  # sampled draft inputs whose host copy completed -> disk
 
     def _batches(self, chunk: int | None = CHUNK_STEPS) -> Iterator[StepBatch]:
-        """The steps handed over so far, ``chunk`` to a batch (None: all in one), with the digests
-        drained meanwhile."""
+        """The steps logged so far, ``chunk`` to a batch (None: all in one), with the digests
+        drained meanwhile (they travel with the first batch)."""
         steps, capture = self.st.steps, self.st.capture
         if steps is None:
             return
-        items = steps.take_pending()
-        if not items:
+        batch = steps.take_batch(requests=self.analysis is not None and _request_tracing())
+        if batch is None:
             return
-        digests = steps.take_digests()  # drained after the steps were taken: none of theirs is missed
-        requests = self.analysis is not None and _request_tracing()
-        size = chunk or len(items)
-        for start in range(0, len(items), size):
-            run = items[start:start + size]
-            if capture is not None:
-                for item in run:
-                    capture.note_accept_lengths(item.lengths())
-            yield StepBatch.from_pending(run, *digests, requests=requests)
-            digests = tuple(d[:0] for d in digests)  # the digests travel with the first batch
+        if capture is not None:
+            for lengths in batch.step_lengths():
+                capture.note_accept_lengths(lengths)
+        if chunk is None or len(batch) <= chunk:
+            yield batch
+            return
+        yield from batch.split(chunk)
 
     def _read_window(self, into: ChannelStats | None = None) -> ChannelStats | None:
         steps = self.st.steps

@@ -3,13 +3,15 @@ rows have landed, without CUDA events.
 
 Launch number ``seq`` (counted on the device, see ``kernel.RingTarget``) fills row ``seq % R`` and
 stamps it with ``seq`` last. The producer (the scheduler thread) calls :meth:`DigestRing.note` just
-before each launch, storing ``(seq, step_id, tokens)`` for that row as one tuple (a single store,
-atomic under the GIL), so the step path allocates one small tuple and nothing else. The consumer
-(any one thread at a time) calls :meth:`drain`: a row is complete when its stamp equals the launch
-number expected; it copies the row and then checks that the row's bookkeeping still names that
-launch. Since the note for launch ``seq + R`` is stored before that launch is enqueued, an unchanged
-note proves the copy was taken before anything could overwrite the row. Rows overwritten before they
-were read (the consumer more than R launches behind) are counted in :attr:`dropped`.
+before each launch, storing ``step_id``, ``tokens`` and then ``seq`` for that row in three int64
+columns (memoryview stores: the step path allocates nothing). The consumer (any one thread at a
+time) calls :meth:`drain_block`: a row is complete when its stamp equals the launch number
+expected; it copies the rows and then checks that each row's bookkeeping still names that launch,
+with a fixed number of array operations whatever the number of rows. Since the note for launch
+``seq + R`` is stored before that launch is enqueued (its launch number cleared first, set last),
+an unchanged note proves the copy was taken before anything could overwrite the row. Rows
+overwritten before they were read (the consumer more than R launches behind) are counted in
+:attr:`dropped`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ class DigestRing:
         self.seq = torch.zeros(1, dtype=torch.int64, device=device)
         self._rows = self.digests.numpy()[:, :width].reshape(size, num_slots, DIGEST_WIDTH)
         self._stamps = self.stamps.numpy()
-        self._notes: list[tuple[int, int, int] | None] = [None] * size
+        # the row's bookkeeping: launch number (0: none yet), step id, tokens
+        self._note_seq = np.zeros(size, np.int64)
+        self._note_step = np.zeros(size, np.int64)
+        self._note_tokens = np.zeros(size, np.int64)
+        self._w_seq, self._w_step = memoryview(self._note_seq), memoryview(self._note_step)
+        self._w_tokens = memoryview(self._note_tokens)
         self.launched = 0  # launch number of the last noted launch (the device counter, once it ran)
         self._next = 1  # next launch number to read
         self._read_lock = threading.Lock()
@@ -47,7 +54,11 @@ class DigestRing:
     def note(self, step_id: int, tokens: int) -> None:
         """Producer: the next launch fingerprints ``step_id`` (``tokens`` rows). Call right before it."""
         seq = self.launched + 1
-        self._notes[seq % self.size] = (seq, step_id, tokens)
+        row = seq % self.size
+        self._w_seq[row] = 0  # a reader in the middle of this row's check sees it as overwritten
+        self._w_step[row] = step_id
+        self._w_tokens[row] = tokens
+        self._w_seq[row] = seq
         self.launched = seq
 
     def skip_launched(self) -> None:
@@ -78,18 +89,17 @@ class DigestRing:
             stamps = self._stamps[rows]
             early = np.flatnonzero(stamps < seqs)
             n = int(early[0]) if early.size else seqs.size  # landed in order up to the first that has not
-            raws = self._rows[rows[:n]].copy()  # copied before the notes are checked (see module doc)
-            notes = [self._notes[row] for row in rows[:n].tolist()]
+            rows = rows[:n]
+            raws = self._rows[rows].copy()  # copied before the notes are checked (see module doc)
+            steps, tokens = self._note_step[rows], self._note_tokens[rows]
             # a row overwritten by launch seq + size before we read it fails one of the two checks
-            due = seqs[:n].tolist()
-            intact = [note is not None and note[0] == seq for note, seq in zip(notes, due, strict=True)]
-            ok = np.asarray(intact, dtype=bool) & (stamps[:n] == seqs[:n])
-            kept = [note for note, good in zip(notes, ok.tolist(), strict=True) if good]
-            self.dropped += n - len(kept)
+            ok = (self._note_seq[rows] == seqs[:n]) & (stamps[:n] == seqs[:n])
+            kept = int(np.count_nonzero(ok))
+            self.dropped += n - kept
             self._next = nxt + n
-        steps = np.fromiter((note[1] for note in kept), np.int64, len(kept))  # type: ignore[index]
-        tokens = np.fromiter((note[2] for note in kept), np.int64, len(kept))  # type: ignore[index]
-        return steps, tokens, raws[ok]
+        if kept == n:
+            return steps, tokens, raws
+        return steps[ok], tokens[ok], raws[ok]
 
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)

@@ -43,12 +43,14 @@ true, so the step costs the same at any batch size:
 
 **What the scheduler thread does per step, and nothing more**: the BEFORE hook launches the probe (a
 graph replay), stamps the step number and notes the batch's request list; the AFTER hook notes which
-requests to skip (above) and appends one tuple of references (step, time, SGLang's CPU tensor of accept
-lengths, the request list, its host time) to a bounded deque, then hands SGLang any request-trace events
-the recorder prepared (SGLang's trace contexts are the scheduler's: only its thread writes them). The
-recorder thread takes the pending steps every few tens of milliseconds and does the rest in batches:
-digests drained from the ring and joined by step number, accept lengths tallied with numpy, records
-built only for the steps an exporter needs one by one (sampled spans, traced requests).
+requests to skip (above) and logs the step in preallocated columns (step, time, draft tokens, host time
+and batch size as numbers; SGLang's CPU tensor of accept lengths and the request list by reference:
+``export/step_log.py``), then hands SGLang any request-trace events the recorder prepared (SGLang's
+trace contexts are the scheduler's: only its thread writes them). The recorder thread takes the
+logged steps as one run, and the digests from the ring as arrays, with a fixed number of calls
+whatever their number; the rest happens in batches: digests joined by step number, accept lengths
+tallied with numpy, records built only for the steps an exporter needs one by one (sampled spans,
+traced requests).
 """
 
 from __future__ import annotations
@@ -57,14 +59,16 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from time import perf_counter, time_ns
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hs_tracer.export.step_log import StepLog
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
+    from hs_tracer.export.batch import StepBatch
     from hs_tracer.fingerprint.probe import FingerprintProbe
 
 logger = logging.getLogger("hs_tracer")
@@ -117,35 +121,6 @@ def departed(reqs: Sequence[Any], nxt: Sequence[Any]) -> list[int]:
     return out
 
 
-_new_tuple = tuple.__new__  # builds a PendingStep without NamedTuple's Python-level __new__
-
-
-class PendingStep(NamedTuple):
-    """One verify step as the scheduler thread hands it over: references only, no per-request work
-    beyond the indices of the requests SGLang skips."""
-
-    step: int
-    time_unix_ns: int
-    accept_lens: Any  # SGLang's CPU tensor (fresh every step, never written again) or a list
-    reqs: Sequence[Any]  # the batch's own request list (SGLang rebinds, never mutates it) or a copy
-    skip: list[int]  # indices of requests finished or retracted before this step
-    num_draft_tokens: int
-    max_accept_length: int | None
-    input_width: int | None
-    host_s: float  # host time of the per-step hooks that led to this record
-
-    def lengths(self) -> np.ndarray:
-        """The committed requests' accept lengths (int64)."""
-        lens = self.accept_lens
-        arr = lens.numpy() if hasattr(lens, "numpy") else np.asarray(lens)
-        arr = arr.reshape(-1).astype(np.int64)
-        return np.delete(arr, self.skip) if self.skip else arr
-
-    def kept(self) -> list[Any]:
-        skip = set(self.skip)
-        return [r for i, r in enumerate(self.reqs) if i not in skip]
-
-
 def prefill_segments(prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> list[tuple[int, int]]:
     """Row ranges ``[start, end)`` of a prefill batch without the rows at position 0, merged."""
     out: list[tuple[int, int]] = []
@@ -183,10 +158,11 @@ class _Windowed:
 
 
 class StepPath:
-    """Owns the decode and prefill probes (built and warmed at startup); the scheduler thread hands
-    each verify step over as a :class:`PendingStep`, the recorder thread turns them into records.
+    """Owns the decode and prefill probes (built and warmed at startup); the scheduler thread logs
+    each verify step in a :class:`~hs_tracer.export.step_log.StepLog`, the recorder thread turns
+    runs of them into batches.
 
-    Bounded: ``capacity`` steps wait for the recorder; beyond that the oldest goes (``dropped``).
+    Bounded: ``capacity`` steps wait for the recorder; beyond that new steps are dropped (``dropped``).
     """
 
     def __init__(self, decode: FingerprintProbe | None, prefill: FingerprintProbe | None,
@@ -197,20 +173,20 @@ class StepPath:
         else:
             self.prefill = _Windowed(prefill, window_rows) if prefill is not None else None
         self.ranks = ranks
-        self.pending: deque[PendingStep] = deque(maxlen=capacity)
-        self.dropped = 0
+        self.log = StepLog(capacity)
         # Request-trace events the recorder prepared: (trace_ctx, attrs). The scheduler thread
         # hands them to SGLang at its next result step (bounded; the oldest go first).
         self.outbox: deque[tuple[Any, dict[str, Any]]] = deque(maxlen=4 * capacity)
         self.decode_steps = 0
         self.prefill_steps = 0
         self.input_width: int | None = None
+        self.max_accept_length: int | None = None  # as the latest step was recorded with
         self.width_warned = False
         ring = getattr(decode, "ring_size", None)
         self._join = DigestJoin(4 * max(int(ring or 64), capacity))  # for take()
         # Steps waiting that make the recorder hand them over at once: half of what this queue and
         # the probe's digest ring hold, so neither drops while a hand-off is due.
-        self.forward_after = max(1, min(capacity, int(ring or capacity)) // 2)
+        self.forward_after = max(1, min(self.log.capacity, int(ring or capacity)) // 2)
         self._host_s = 0.0  # host time in the per-step hooks since the last record
         # (step, request list) of the two latest decode launches that named their requests
         self._launches: tuple[tuple[int, Any] | None, tuple[int, Any] | None] = (None, None)
@@ -308,14 +284,11 @@ class StepPath:
         if len(skip) == len(reqs):  # only requests finished or retracted before this step
             self._host_s += (time_ns() - started) * 1e-9
             return False
-        pending = self.pending
-        if len(pending) == pending.maxlen:
-            self.dropped += 1  # the recorder is a whole deque behind: the oldest step goes
+        self.max_accept_length = max_accept_length
         host_s = self._host_s + (time_ns() - started) * 1e-9
         self._host_s = 0.0
-        pending.append(_new_tuple(PendingStep, (
-            step if step is not None else 0, started, accept_lens, reqs, skip, num_draft_tokens,
-            max_accept_length, self.input_width, host_s)))
+        self.log.append(step if step is not None else 0, started, accept_lens, reqs, skip, num_draft_tokens,
+                        host_s)
         return True
 
     def _skipped(self, step: int | None, reqs: Sequence[Any], latest: tuple[int, Any] | None) -> list[int]:
@@ -339,10 +312,22 @@ class StepPath:
         attach_events(events)
 
     # ---- recorder thread ---------------------------------------------------------------------------
-    def take_pending(self) -> list[PendingStep]:
-        """Every step handed over so far, oldest first."""
-        popleft = self.pending.popleft  # the scheduler thread only appends on the right meanwhile
-        return [popleft() for _ in range(len(self.pending))]
+    @property
+    def dropped(self) -> int:
+        """Steps not logged because the recorder was a whole log behind."""
+        return self.log.dropped
+
+    def take_batch(self, requests: bool = False) -> StepBatch | None:
+        """Every step logged since the last call, with the digests drained meanwhile, as one batch
+        (None if there was none). ``requests``: keep the committed request objects."""
+        from hs_tracer.export.batch import StepBatch
+
+        run = self.log.take()
+        if run is None:
+            return None
+        digests = self.take_digests()  # drained after the steps were taken: none of theirs is missed
+        return StepBatch.from_run(run, *digests, max_accept_length=self.max_accept_length,
+                                  input_width=self.input_width, requests=requests)
 
     def take_digests(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The decode steps' digests landed so far, as arrays: step ids, tokens, raw sums ``[n, K, 5]``
@@ -357,15 +342,11 @@ class StepPath:
         return steps[decode], tokens[decode], raws[decode]
 
     def take(self) -> list[StepRecord]:
-        """Every pending step as a full record with its own digest (tests and single-step users)."""
-        from hs_tracer.export.batch import StepBatch
-
-        items = self.take_pending()
-        if not items:
+        """Every logged step as a full record with its own digest (tests and single-step users)."""
+        batch = self.take_batch(requests=True)
+        if batch is None:
             return []
-        digests = self.take_digests()
-        self._join.add(*digests)
-        batch = StepBatch.from_pending(items, *digests, requests=True)
+        self._join.add(batch.digest_steps, batch.digest_tokens, batch.digest_raws)
         hidden = self.decode.probe.hidden if self.decode is not None else 0
         return [batch.record(i, self.ranks, hidden, self._join.find(step))
                 for i, step in enumerate(batch.steps.tolist())]

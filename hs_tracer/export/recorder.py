@@ -9,13 +9,16 @@ window the probe has landed, polls the capture sink, and hands all of it on. Whe
 (:func:`export_mode`):
 
 * ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe.
-  Every ``BATCH_INTERVAL_S`` the thread folds the diagnosis windows that landed (the probe has two
-  snapshot slots to free) and looks at how many steps wait; it hands them over, everything pending as
-  one batch in one write, only every ``FORWARD_EVERY_S``, when half the hand-off queue is full, or
-  with a window it sends. A hand-off's cost in this process is mostly fixed, whatever it carries:
-  a few tens of numpy and pipe calls, each slowed by caches the scheduler thread just used and by the
-  GIL changing hands around them (on the H200 host a 50 ms hand-off of ~85 steps took ~700 µs of
-  this thread's CPU, ~8 µs a step). The analysis runs in the export process, on its own interpreter.
+  While steps flow, the thread wakes once per hand-off, at most every ``FORWARD_EVERY_S`` and sooner
+  when the step rate would fill half the step log or digest ring before then; each wake-up folds
+  the diagnosis windows that landed (the probe's snapshot slots are freed) and sends everything
+  pending as one batch in one write, with the folded window when one is due. While idle it wakes
+  every ``BATCH_INTERVAL_S`` so a last window or status goes out at once. Why so few wake-ups: each
+  one, and each call in it that releases the GIL (the accept-length join, the pipe write), makes
+  this thread take the GIL back from a scheduler thread that is running Python, which costs this
+  thread tens to hundreds of µs of CPU on a VM host and the scheduler thread a forced switch; a
+  wake-up every 50 ms cost more than all the batching it did (benchmarks/hook_overhead.py breaks
+  the recorder's CPU down). The analysis runs in the export process, on its own interpreter.
 * ``thread`` (``HS_TRACER_EXPORT=thread``, and always while SGLang's request tracing is on: events on
   its request traces go through trace contexts that live in the scheduler process): to an
   :class:`~hs_tracer.export.analysis.Analysis` in this thread every ``BATCH_INTERVAL_S``, in batches
@@ -47,11 +50,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hs_tracer")
 
-BATCH_INTERVAL_S = 0.05  # the recorder wakes at this period (``thread``: and works off everything pending)
+BATCH_INTERVAL_S = 0.05
+"""``thread`` mode: the recorder wakes at this period and works off everything pending; ``process``
+mode: its period while no steps arrive."""
 FORWARD_EVERY_S = 0.5
-"""``process`` mode: pending steps go to the export process at least this often (sooner when half the
-hand-off queue is full, :attr:`~hs_tracer.integrations.sglang.steps.StepPath.forward_after`). The
-export process refreshes the report and diagnoses no more often than this anyway."""
+"""``process`` mode: while steps flow, the recorder wakes and hands them to the export process this
+often (sooner when the step rate would fill half the step log or digest ring first,
+:attr:`~hs_tracer.integrations.sglang.steps.StepPath.forward_after`). The export process refreshes
+the report and diagnoses no more often than this anyway."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
 # a long backlog in one go would hold up the scheduler thread, waking from its wait on the GPU, for
@@ -98,14 +104,15 @@ class Recorder(threading.Thread):
         self._window: ChannelStats | None = None  # ``process``: windows read since the last one sent
         self._window_fresh = False
         self._window_at = 0.0
-        self._forward_at = 0.0  # last hand-off to the export process
+        self._since = 0.0  # ``process``: the steps waiting were logged since then (hand-off or idle wake-up)
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self._setup()
-            while not self._stopping.wait(BATCH_INTERVAL_S):
-                self._wake()
+            interval = BATCH_INTERVAL_S
+            while not self._stopping.wait(interval):
+                interval = self._wake()
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)
         finally:
@@ -136,26 +143,26 @@ class Recorder(threading.Thread):
         self.analysis = Analysis(setup, request_events=steps.outbox.extend if steps is not None else None)
         self.analysis.start()
 
-    def _wake(self) -> None:
+    def _wake(self) -> float:
         """One wake-up: everything handed over since the last one, to the export process or the
-        in-thread analysis."""
+        in-thread analysis. Returns the seconds until the next."""
         if self.export is not None:
-            self._forward()
-            return
+            return self._forward()
         assert self.analysis is not None
         batches = list(self._batches())
         self._poll_capture()
         if self.analysis.work(batches, self._read_window(), self._health(), between=_yield):
             self.st.write_report()
+        return BATCH_INTERVAL_S
 
-    def _forward(self) -> None:
-        """Fold the windows that landed; when due (module docstring), everything handed over since
-        the last hand-off as one batch, the folded window and (when it changed, or every
-        ``STATUS_EVERY_S`` while steps arrive) this process's status, down the pipe in one write."""
+    def _forward(self) -> float:
+        """Fold the windows that landed; everything logged since the last hand-off as one batch, the
+        folded window when due and (when it changed, or every ``STATUS_EVERY_S`` while steps
+        arrive) this process's status, down the pipe in one write. Returns the seconds until the
+        next wake-up (module docstring)."""
         export = self.export
         assert export is not None
-        # every wake-up: the probe's snapshot slots stay free; folded in place, after the first
-        window = self._read_window(into=self._window)
+        window = self._read_window(into=self._window)  # folded in place, after the first
         if window is not None:
             self._window, self._window_fresh = window, True
         self._poll_capture()
@@ -163,26 +170,31 @@ class Recorder(threading.Thread):
         waiting = len(steps.log) if steps is not None else 0
         now = time.monotonic()
         window_due = self._window_fresh and (not waiting or now - self._window_at >= DIAGNOSE_EVERY_S)
-        if (not window_due and now - self._forward_at < FORWARD_EVERY_S
-                and (steps is None or waiting < steps.forward_after)):
-            return
-        self._forward_at = now
+        since, self._since = now - self._since, now
+        health = self._health()
+        if not (waiting or window_due or health != self._sent_health):
+            return BATCH_INTERVAL_S
         export.check()
         batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
         for batch in batches:
             export.queue_batch(batch)
-        sent = bool(batches)
         sending = self._window if window_due else None  # when idle at once, else once per diagnosis
         if sending is not None:
             export.queue_window(sending)
-        health = self._health()
-        if health != self._sent_health or (sent and now - self._status_at > STATUS_EVERY_S):
+        if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
             export.queue_status(self.st.status(), health)
             self._sent_health, self._status_at = health, now
         export.flush()
         if sending is not None:  # written from its arrays: the sums start again only now
             sending.clear()
             self._window_fresh, self._window_at = False, now
+        if not waiting or steps is None:
+            return BATCH_INTERVAL_S
+        # the steps of the next interval, at this rate, fill at most half of what may wait
+        rate = waiting / max(since, BATCH_INTERVAL_S)
+        if rate * FORWARD_EVERY_S <= 0.5 * steps.forward_after:
+            return FORWARD_EVERY_S
+        return max(BATCH_INTERVAL_S, 0.5 * steps.forward_after / rate)
 
     def _health(self) -> Health:
         st = self.st

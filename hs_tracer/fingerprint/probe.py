@@ -12,9 +12,9 @@ oldest unread rows are overwritten and :attr:`dropped` counts them.
 Windows: the kernel adds per-channel count/sum/sumsq into device accumulators. :meth:`end_window` (step
 thread, non-blocking) copies them asynchronously to pinned memory behind an event and zeroes them in
 stream order; :meth:`read_window` (any thread, host only) folds the copies that have landed into a
-float64 :class:`ChannelStats` and returns it (``end_window`` folds too, but only when both snapshot
-slots are taken: one fold took ~70 µs of numpy at K x H = 3 x 7168 on a 2-vCPU CPU machine). If both
-pinned window slots are still in flight, the device keeps accumulating and the next window covers both
+float64 :class:`ChannelStats` and returns it (``end_window`` folds too, but only when every snapshot
+slot is taken: one fold took ~70 µs of numpy at K x H = 3 x 7168 on a 2-vCPU CPU machine). If every
+pinned window slot is still in flight, the device keeps accumulating and the next window covers them
 (counted in :attr:`window_skips`): nothing is lost, windows only get longer.
 
 On CPU (testbed, CI) the same API runs the torch reference synchronously with float64 sums.
@@ -35,7 +35,10 @@ from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
 if TYPE_CHECKING:
     from hs_tracer.fingerprint.kernel import KernelConfig
 
-_WINDOW_SLOTS = 2
+_WINDOW_SLOTS = 8
+"""Pinned snapshot slots for closed windows: windows close at most every 0.1 s (the step path's
+``MIN_WINDOW_S``) and the recorder frees slots at least every 0.5 s while steps flow, so 8 leave
+room; only with all of them in flight does ``end_window`` fold on the scheduler thread."""
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)  # the C call: one frame less
 
 

@@ -111,6 +111,9 @@ class StandInProbe:
     def end_window(self) -> None:
         self.windows += 1
 
+    def window_accumulator(self) -> ChannelStats:
+        return ChannelStats.zeros(SLOTS, HIDDEN)
+
     def read_window(self, block: bool = False, into: ChannelStats | None = None) -> ChannelStats | None:
         if not self.windows:
             return None

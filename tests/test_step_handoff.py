@@ -237,3 +237,22 @@ def test_wiring_record_is_assembled_from_the_startup_hooks_reads_alone() -> None
                                   21504, "0.5.23")
     spec["speculative_num_steps"] = 5
     assert w.spec_args["speculative_num_steps"] == 3  # the record keeps its own copy
+
+
+def test_accept_lengths_joined_into_reused_memory_equal_a_fresh_join() -> None:
+    """The export process's joins go into one scratch tensor (grown as needed, kept between joins):
+    each join gives what a fresh ``torch.cat`` gives, skipped requests removed."""
+    import torch
+
+    from hs_tracer.export.batch import Scratch, committed_lengths
+
+    rng = np.random.default_rng(7)
+    scratch = Scratch()
+    for steps, batch in ((3, 4), (40, 16), (5, 2)):  # grows, then a smaller join reuses the memory
+        accept = [torch.tensor(rng.integers(1, 5, size=batch), dtype=torch.int32) for _ in range(steps)]
+        sizes = np.full(steps, batch)
+        skips = [(1, [0, batch - 1])]
+        want = committed_lengths(accept, sizes, skips)
+        got = committed_lengths(accept, sizes, skips, scratch)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+    assert scratch.tensor.numel() >= 40 * 16

@@ -53,10 +53,13 @@ class StepBatch:
     @classmethod
     def from_run(cls, run: StepRun, digest_steps: np.ndarray, digest_tokens: np.ndarray,
                  digest_raws: np.ndarray, max_accept_length: int | None = None,
-                 input_width: int | None = None, requests: bool = False) -> StepBatch:
+                 input_width: int | None = None, requests: bool = False,
+                 scratch: Scratch | None = None) -> StepBatch:
         """One batch from a run of logged steps and the digests drained with them. ``requests``:
-        keep each step's committed request objects (for SGLang request traces)."""
-        lengths, sizes = committed_lengths(run.accept_lens, run.batch_sizes, run.skips)
+        keep each step's committed request objects (for SGLang request traces). ``scratch``: join
+        the accept lengths into its memory (the batch's ``lengths`` are then valid only until the
+        next batch joined there)."""
+        lengths, sizes = committed_lengths(run.accept_lens, run.batch_sizes, run.skips, scratch)
         kept = None
         if requests:
             skipped = dict(run.skips)
@@ -113,8 +116,27 @@ class StepBatch:
         )
 
 
+class Scratch:
+    """Memory reused by every join of accept lengths (a 1024-request batch of half a second of
+    steps is megabytes of int32: fresh pages each time cost page faults worth ~1 µs a step on a
+    GPU host)."""
+
+    def __init__(self) -> None:
+        self.tensor: Any = None
+
+    def view(self, n: int, like: Any) -> Any:
+        """``n`` elements of ``like``'s dtype, grown (doubled) as needed."""
+        t = self.tensor
+        if t is None or t.dtype != like.dtype or t.numel() < n:
+            import torch
+
+            t = self.tensor = torch.empty(max(n, 2 * (t.numel() if t is not None else 0)), dtype=like.dtype)
+        return t[:n]
+
+
 def committed_lengths(accept_lens: Sequence[Any], batch_sizes: np.ndarray,
-                      skips: Sequence[tuple[int, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+                      skips: Sequence[tuple[int, list[int]]],
+                      scratch: Scratch | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every committed request's accept length over a run of steps, joined in order (SGLang's integer
     dtype), and how many each step committed. Per step: SGLang's accept lengths (a CPU tensor, or a
     sequence) and its batch size; ``skips``: ``(step index, request indices SGLang skipped)`` for the
@@ -126,7 +148,16 @@ def committed_lengths(accept_lens: Sequence[Any], batch_sizes: np.ndarray,
     import torch
 
     if set(map(type, accept_lens)) == {torch.Tensor}:
-        joined = (torch.cat(accept_lens) if len(accept_lens) > 1 else accept_lens[0]).numpy().reshape(-1)
+        if len(accept_lens) == 1:
+            joined = accept_lens[0].numpy().reshape(-1)
+        elif scratch is not None and accept_lens[0].dim() == 1:
+            try:
+                into = scratch.view(int(batch_sizes.sum()), accept_lens[0])
+                joined = torch.cat(accept_lens, out=into).numpy()
+            except RuntimeError:  # the tensors do not hold one length per request (never so in SGLang)
+                joined = torch.cat(accept_lens).numpy().reshape(-1)
+        else:
+            joined = torch.cat(accept_lens).numpy().reshape(-1)
     else:
         joined = np.concatenate([np.asarray(t.numpy() if hasattr(t, "numpy") else t).reshape(-1)
                                  for t in accept_lens])

@@ -52,6 +52,8 @@ class ExportProcess:
         assert proc.stdin is not None
         self._fd = proc.stdin.fileno()
         self._out: list[bytes | memoryview] = []  # buffers of the messages queued since the last flush
+        self._lengths8 = np.zeros(0, np.int8)  # int8 accept lengths, reused by every batch (page faults)
+        self._lengths8_queued = False
 
     @classmethod
     def start(cls, setup: ExportSetup, report_dir: Path | None) -> ExportProcess:
@@ -79,6 +81,7 @@ class ExportProcess:
         the recorder tens of µs of system time whatever its size). Queued arrays are written from
         their own memory: they must not change before this."""
         parts, self._out = self._out, []
+        self._lengths8_queued = False  # written below (or the handle is dead)
         if not parts:
             return
         try:
@@ -95,9 +98,20 @@ class ExportProcess:
         most of a batch's bytes, and encoding and writing them is most of its cost."""
         arrays = [getattr(batch, name) for name in ARRAYS]
         if batch.num_draft_tokens.size and int(batch.num_draft_tokens.max()) <= np.iinfo(np.int8).max:
-            arrays[ARRAYS.index("lengths")] = batch.lengths.astype(np.int8)
+            arrays[ARRAYS.index("lengths")] = self._int8(batch.lengths)
         self._queue("steps", {"max_accept_length": batch.max_accept_length, "input_width": batch.input_width},
                     arrays)
+
+    def _int8(self, lengths: np.ndarray) -> np.ndarray:
+        """``lengths`` as int8, in memory reused from one flush to the next."""
+        if self._lengths8_queued:  # a second batch before the flush: its own array
+            return lengths.astype(np.int8)
+        if self._lengths8.size < lengths.size:
+            self._lengths8 = np.zeros(max(lengths.size, 2 * self._lengths8.size), np.int8)
+        out = self._lengths8[:lengths.size]
+        np.copyto(out, lengths, casting="unsafe")
+        self._lengths8_queued = True
+        return out
 
     def queue_window(self, window: ChannelStats) -> None:
         """Queue a diagnosis window's channel sums (written from its arrays at :meth:`flush`)."""

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from hs_tracer.export.analysis import DIAGNOSE_EVERY_S, Analysis, ExportSetup, Health
-from hs_tracer.export.batch import StepBatch
+from hs_tracer.export.batch import Scratch, StepBatch
 
 if TYPE_CHECKING:
     from hs_tracer.export.process import ExportProcess
@@ -66,7 +66,7 @@ the report and diagnoses no more often than this anyway."""
 # chunk tends to run in such a wait.
 CHUNK_STEPS = 64
 YIELD_S = 50e-6
-STATUS_EVERY_S = 0.5  # the export process gets this process's status at most this often while steps arrive
+STATUS_EVERY_S = 2.0  # the export process gets this process's status at most this often while steps arrive
 
 
 def export_mode(st: TracerState) -> str:
@@ -102,6 +102,7 @@ class Recorder(threading.Thread):
         self._sent_health: Health | None = None
         self._status_at = 0.0
         self._window: ChannelStats | None = None  # ``process``: windows read since the last one sent
+        self._scratch = Scratch()  # ``process``: where accept lengths are joined
         self._window_fresh = False
         self._window_at = 0.0
         self._since = 0.0  # ``process``: the steps waiting were logged since then (hand-off or idle wake-up)
@@ -162,9 +163,10 @@ class Recorder(threading.Thread):
         next wake-up (module docstring)."""
         export = self.export
         assert export is not None
-        window = self._read_window(into=self._window)  # folded in place, after the first
-        if window is not None:
-            self._window, self._window_fresh = window, True
+        if self._window is None:
+            self._window = self._window_accumulator()
+        if self._read_window(into=self._window) is not None:  # folded in place
+            self._window_fresh = True
         self._poll_capture()
         steps = self.st.steps
         waiting = len(steps.log) if steps is not None else 0
@@ -211,7 +213,9 @@ class Recorder(threading.Thread):
         steps, capture = self.st.steps, self.st.capture
         if steps is None:
             return
-        batch = steps.take_batch(requests=self.analysis is not None and _request_tracing())
+        # the export process's batches are written before the next is joined: one scratch serves all
+        batch = steps.take_batch(requests=self.analysis is not None and _request_tracing(),
+                                 scratch=self._scratch if self.export is not None else None)
         if batch is None:
             return
         if capture is not None:
@@ -221,6 +225,11 @@ class Recorder(threading.Thread):
             yield batch
             return
         yield from batch.split(chunk)
+
+    def _window_accumulator(self) -> ChannelStats | None:
+        steps = self.st.steps
+        source = None if steps is None else (steps.decode or steps.prefill)
+        return source.probe.window_accumulator() if source is not None else None
 
     def _read_window(self, into: ChannelStats | None = None) -> ChannelStats | None:
         steps = self.st.steps

@@ -68,7 +68,7 @@ from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
-    from hs_tracer.export.batch import StepBatch
+    from hs_tracer.export.batch import Scratch, StepBatch
     from hs_tracer.fingerprint.probe import FingerprintProbe
 
 logger = logging.getLogger("hs_tracer")
@@ -317,9 +317,10 @@ class StepPath:
         """Steps not logged because the recorder was a whole log behind."""
         return self.log.dropped
 
-    def take_batch(self, requests: bool = False) -> StepBatch | None:
+    def take_batch(self, requests: bool = False, scratch: Scratch | None = None) -> StepBatch | None:
         """Every step logged since the last call, with the digests drained meanwhile, as one batch
-        (None if there was none). ``requests``: keep the committed request objects."""
+        (None if there was none). ``requests``: keep the committed request objects; ``scratch``:
+        see :meth:`StepBatch.from_run`."""
         from hs_tracer.export.batch import StepBatch
 
         run = self.log.take()
@@ -327,7 +328,7 @@ class StepPath:
             return None
         digests = self.take_digests()  # drained after the steps were taken: none of theirs is missed
         return StepBatch.from_run(run, *digests, max_accept_length=self.max_accept_length,
-                                  input_width=self.input_width, requests=requests)
+                                  input_width=self.input_width, requests=requests, scratch=scratch)
 
     def take_digests(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The decode steps' digests landed so far, as arrays: step ids, tokens, raw sums ``[n, K, 5]``

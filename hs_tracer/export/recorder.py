@@ -173,10 +173,10 @@ class Recorder(threading.Thread):
         now = time.monotonic()
         window_due = self._window_fresh and (not waiting or now - self._window_at >= DIAGNOSE_EVERY_S)
         since, self._since = now - self._since, now
+        export.check()  # also while idle: a death after the last hand-off must still switch tracing off
         health = self._health()
         if not (waiting or window_due or health != self._sent_health):
             return BATCH_INTERVAL_S
-        export.check()
         batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
         for batch in batches:
             export.queue_batch(batch)

@@ -27,7 +27,9 @@ in the recorder thread. Exporters: Prometheus (its HTTP server up), OpenTelemetr
 default 1% sample shipped over OTLP/HTTP to a collector stand-in in a child process, diagnosis windows
 closing at the default ``HS_TRACER_WINDOW_TOKENS`` (on CUDA the real probe's; on CPU a stand-in probe
 that counts and hands the recorder a window of DeepSeek-V3 width every time one closes) and the online
-diagnosis when ``--profile`` is given. The recorder thread's CPU time is read from its thread clock; the
+diagnosis when ``--profile`` is given. The recorder thread's CPU time is read from its thread clock over all
+blocks and divided by the on steps (an on block's last hand-off can land in the next off block), and
+broken down into window folds, batch building and pipe writes (thread-clock wrappers); the
 export process's (another process: it does not hold the scheduler's GIL) from ``/proc`` in clock ticks
 (10 ms), so that column is coarse. The loop is scheduler-bound, so whatever the tracer takes from the
 scheduler thread, the hooks and the GIL time of the tracer's threads in this process, lengthens the

@@ -72,6 +72,23 @@ def test_a_message_larger_than_the_pipe_is_written_whole_from_the_arrays_own_mem
     assert kind == "window" and window[0].size == 0 and window[1].sum() == 6
 
 
+def test_a_window_sent_in_the_probes_dtypes_arrives_as_float64_sums() -> None:
+    """The recorder folds windows in the snapshot slots' int32/float32 and sends them so; the export
+    process turns them into float64 before the analysis adds them to its totals of the whole run."""
+    from hs_tracer.export.process import window_from_message
+    from hs_tracer.fingerprint.stats import ChannelStats
+
+    sent = ChannelStats(np.full((2, 3), 7, np.int32), np.full((2, 3), 0.5, np.float32),
+                        np.full((2, 3), 0.25, np.float32))
+    message = channel.encode("window", {}, [sent.count, sent.sum, sent.sumsq])
+    (kind, _meta, arrays), = channel.Reader().feed(message)
+    got = window_from_message(arrays)
+    assert kind == "window" and {a.dtype for a in (got.count, got.sum, got.sumsq)} == {np.dtype(np.float64)}
+    total = ChannelStats(np.full((2, 3), 2.0**31), np.zeros((2, 3)), np.zeros((2, 3)))  # past int32
+    total.add(got)
+    assert total.count[0, 0] == 2.0**31 + 7 and total.sum.sum() == 3.0
+
+
 @pytest.mark.parametrize("damage", ["object dtype", "short body", "long body", "not json", "huge"])
 def test_reader_refuses_anything_it_did_not_write(damage: str) -> None:
     good = channel.encode("window", {}, [np.zeros((2, 3))])

@@ -148,7 +148,7 @@ class _Worker:
                                           max_accept_length=meta["max_accept_length"],
                                           input_width=meta["input_width"]))
         elif kind == "window":
-            window = ChannelStats(*arrays)
+            window = window_from_message(arrays)
             self.window = window if self.window is None else self.window.merge(window)
         elif kind == "status":
             self.status, self.health = meta["status"], Health(**meta["health"])
@@ -164,6 +164,13 @@ class _Worker:
     def write_report(self) -> None:
         if self.report is not None and self.status is not None:
             self.report.write({**self.status, "diagnosis": self.analysis.report_json()})
+
+
+def window_from_message(arrays: list[np.ndarray]) -> ChannelStats:
+    """A window message's sums as float64 (the recorder sends them in the probe's int32/float32):
+    the analysis keeps running totals over the whole run, which float32 sums or an int32 count
+    would not hold."""
+    return ChannelStats(*(np.asarray(a, dtype=np.float64) for a in arrays))
 
 
 def main() -> int:

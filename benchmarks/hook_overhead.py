@@ -113,17 +113,17 @@ class StandInProbe:
     def end_window(self) -> None:
         self.windows += 1
 
-    def window_accumulator(self) -> ChannelStats:
-        return ChannelStats.zeros(SLOTS, HIDDEN)
-
-    def read_window(self, block: bool = False, into: ChannelStats | None = None) -> ChannelStats | None:
+    def read_window(self, block: bool = False) -> ChannelStats | None:
         if not self.windows:
             return None
         self.windows = 0
-        if into is not None:
-            into.add(self._window)
-            return into
         return self._window
+
+    def landed_windows(self) -> list[tuple[int, ChannelStats]]:
+        return [(-1, self.read_window())] if self.windows else []
+
+    def release_windows(self, slots: list[int]) -> None:
+        pass
 
     def drain_raw(self) -> list:
         out, self.pending = self.pending, []
@@ -405,7 +405,11 @@ def time_recorder_parts(recorder: object) -> dict[str, float]:
                 parts[name] += time.thread_time() - t0
         return call
 
-    recorder._read_window = timed("windows", recorder._read_window)
+    probe = recorder._probe() if hasattr(recorder, "_probe") else None
+    if probe is not None and hasattr(probe, "landed_windows"):  # windows sent unmerged
+        probe.landed_windows = timed("windows", probe.landed_windows)
+    else:
+        recorder._read_window = timed("windows", recorder._read_window)
     steps.take_batch = timed("batches", steps.take_batch)
     if export is not None:
         export.flush = timed("writes", export.flush)

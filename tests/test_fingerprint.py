@@ -140,16 +140,21 @@ def test_probe_cpu_steps_windows_and_ring(rng) -> None:
     _, ref_stats, abs_sum = fingerprint_float64(torch.cat(steps).double().numpy(), k, h)
     assert within_tolerance(channel_errors(window, ref_stats, abs_sum), 1e-12), f"seed {seed}"
 
-    # Folded into the reader's accumulator in place (the recorder's way): the same sums, added.
-    acc = ChannelStats.zeros(k, h)
-    acc.add(window)
+    # Handed out unmerged (the recorder's way, for the export process to add up): the same sums,
+    # each window once.
     for x in steps:
         assert probe.observe(x, step_id=200)
     probe.drain()
     probe.end_window()
-    assert probe.read_window(into=acc) is acc and probe.read_window(into=acc) is None
+    (slot, landed), = probe.landed_windows()
+    assert probe.landed_windows() == [] and probe.read_window() is None
+    probe.release_windows([slot])
+    np.testing.assert_allclose(landed.sum, window.sum, rtol=1e-12)
+    np.testing.assert_array_equal(landed.count, window.count)
+    acc = ChannelStats.zeros(k, h)
+    acc.add(landed)
+    acc.add(window)
     np.testing.assert_allclose(acc.sum, 2 * window.sum, rtol=1e-12)
-    np.testing.assert_array_equal(acc.count, 2 * window.count)
     acc.clear()
     assert not acc.count.any() and not acc.sumsq.any()
 

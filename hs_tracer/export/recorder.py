@@ -10,9 +10,9 @@ window the probe has landed, polls the capture sink, and hands all of it on. Whe
 
 * ``process`` (the default): to hs_tracer's export process (``export/process.py``) through a pipe.
   While steps flow, the thread wakes once per hand-off, at most every ``FORWARD_EVERY_S`` and sooner
-  when the step rate would fill half the step log or digest ring before then; each wake-up folds
-  the diagnosis windows that landed (the probe's snapshot slots are freed) and sends everything
-  pending as one batch in one write, with the folded window when one is due. While idle it wakes
+  when the step rate would fill half the step log or digest ring before then; each wake-up sends
+  everything pending as one batch and the diagnosis windows that landed, straight from the probe's
+  snapshot slots (freed after the write; the export process adds them up), in one write. While idle it wakes
   every ``BATCH_INTERVAL_S`` so a last window or status goes out at once. Why so few wake-ups: each
   one, and each call in it that releases the GIL (the accept-length join, the pipe write), makes
   this thread take the GIL back from a scheduler thread that is running Python, which costs this
@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.export.analysis import DIAGNOSE_EVERY_S, Analysis, ExportSetup, Health
+from hs_tracer.export.analysis import Analysis, ExportSetup, Health
 from hs_tracer.export.batch import Scratch, StepBatch
 
 if TYPE_CHECKING:
@@ -101,10 +101,7 @@ class Recorder(threading.Thread):
         self._stopping = threading.Event()
         self._sent_health: Health | None = None
         self._status_at = 0.0
-        self._window: ChannelStats | None = None  # ``process``: windows read since the last one sent
         self._scratch = Scratch()  # ``process``: where accept lengths are joined
-        self._window_fresh = False
-        self._window_at = 0.0
         self._since = 0.0  # ``process``: the steps waiting were logged since then (hand-off or idle wake-up)
 
     # ---- thread ------------------------------------------------------------------------------------
@@ -157,39 +154,36 @@ class Recorder(threading.Thread):
         return BATCH_INTERVAL_S
 
     def _forward(self) -> float:
-        """Fold the windows that landed; everything logged since the last hand-off as one batch, the
-        folded window when due and (when it changed, or every ``STATUS_EVERY_S`` while steps
-        arrive) this process's status, down the pipe in one write. Returns the seconds until the
-        next wake-up (module docstring)."""
+        """Everything logged since the last hand-off as one batch, the windows that landed (as the
+        probe's snapshot slots hold them: the export process adds them up) and (when it changed, or
+        every ``STATUS_EVERY_S`` while steps arrive) this process's status, down the pipe in one
+        write. Returns the seconds until the next wake-up (module docstring)."""
         export = self.export
         assert export is not None
-        if self._window is None:
-            self._window = self._window_accumulator()
-        if self._read_window(into=self._window) is not None:  # folded in place
-            self._window_fresh = True
-        self._poll_capture()
-        steps = self.st.steps
-        waiting = len(steps.log) if steps is not None else 0
-        now = time.monotonic()
-        window_due = self._window_fresh and (not waiting or now - self._window_at >= DIAGNOSE_EVERY_S)
-        since, self._since = now - self._since, now
-        export.check()  # also while idle: a death after the last hand-off must still switch tracing off
-        health = self._health()
-        if not (waiting or window_due or health != self._sent_health):
-            return BATCH_INTERVAL_S
-        batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
-        for batch in batches:
-            export.queue_batch(batch)
-        sending = self._window if window_due else None  # when idle at once, else once per diagnosis
-        if sending is not None:
-            export.queue_window(sending)
-        if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
-            export.queue_status(self.st.status(), health)
-            self._sent_health, self._status_at = health, now
-        export.flush()
-        if sending is not None:  # written from its arrays: the sums start again only now
-            sending.clear()
-            self._window_fresh, self._window_at = False, now
+        probe = self._probe()
+        windows = probe.landed_windows() if probe is not None else []
+        try:
+            self._poll_capture()
+            steps = self.st.steps
+            waiting = len(steps.log) if steps is not None else 0
+            now = time.monotonic()
+            since, self._since = now - self._since, now
+            export.check()  # also while idle: a death after the last hand-off must still switch tracing off
+            health = self._health()
+            if not (waiting or windows or health != self._sent_health):
+                return BATCH_INTERVAL_S
+            batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
+            for batch in batches:
+                export.queue_batch(batch)
+            for _slot, window in windows:  # written from the slots' own memory
+                export.queue_window(window)
+            if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
+                export.queue_status(self.st.status(), health)
+                self._sent_health, self._status_at = health, now
+            export.flush()
+        finally:
+            if windows:
+                probe.release_windows([slot for slot, _window in windows])
         if not waiting or steps is None:
             return BATCH_INTERVAL_S
         # the steps of the next interval, at this rate, fill at most half of what may wait
@@ -226,15 +220,15 @@ class Recorder(threading.Thread):
             return
         yield from batch.split(chunk)
 
-    def _window_accumulator(self) -> ChannelStats | None:
+    def _probe(self) -> Any:
+        """The probe whose windows feed the diagnosis (decode, else prefill), or None."""
         steps = self.st.steps
         source = None if steps is None else (steps.decode or steps.prefill)
-        return source.probe.window_accumulator() if source is not None else None
+        return source.probe if source is not None else None
 
-    def _read_window(self, into: ChannelStats | None = None) -> ChannelStats | None:
-        steps = self.st.steps
-        source = None if steps is None else (steps.decode or steps.prefill)
-        return source.probe.read_window(into=into) if source is not None else None
+    def _read_window(self) -> ChannelStats | None:
+        probe = self._probe()
+        return probe.read_window() if probe is not None else None
 
     # ---- report ------------------------------------------------------------------------------------
     def where(self) -> dict[str, Any]:

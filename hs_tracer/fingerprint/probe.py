@@ -103,6 +103,7 @@ class FingerprintProbe:
         self._win_sums = torch.zeros((_WINDOW_SLOTS, 2, k, h), dtype=torch.float32, pin_memory=True)
         self._win_events = [torch.cuda.Event() for _ in range(_WINDOW_SLOTS)]
         self._win_pending = [False] * _WINDOW_SLOTS
+        self._win_held = [False] * _WINDOW_SLOTS  # handed out by landed_windows, not yet released
         self._warmup(warmup_dtype)
 
     def _warmup(self, dtype: torch.dtype) -> None:
@@ -274,44 +275,52 @@ class FingerprintProbe:
         """Steps whose digest was overwritten before it was drained (the ring is bounded)."""
         return self._ring.dropped if self._cuda else self._dropped
 
-    def window_accumulator(self) -> ChannelStats:
-        """Zeroed sums in the dtypes the landed windows have (on CUDA the snapshot slots' int32 and
-        float32), for :meth:`read_window`'s ``into``: same-dtype in-place adds are ~4x faster than
-        adds that cast, and the recorder folds every window that lands. float32 adds nothing to the
-        error of sums the kernel already accumulated in float32."""
-        if not self._cuda:
-            return ChannelStats.zeros(self.num_slots, self.hidden)
-        shape = (self.num_slots, self.hidden)
-        return ChannelStats(np.zeros(shape, np.int32), *(np.zeros(shape, np.float32) for _ in range(2)))
-
-    def read_window(self, block: bool = False, into: ChannelStats | None = None) -> ChannelStats | None:
-        """Per-channel stats of the windows whose snapshot has landed since the last read, merged;
-        None if none has. ``block=True`` waits for snapshots in flight (shutdown and tests only).
-        ``into``: add them to this accumulator in place and return it, allocating nothing (the
-        recorder folds every wake-up)."""
+    def read_window(self, block: bool = False) -> ChannelStats | None:
+        """Per-channel stats of the windows whose snapshot has landed since the last read, merged
+        (float64); None if none has. ``block=True`` waits for snapshots in flight (shutdown and
+        tests only)."""
         with self._lock:
-            if into is None:
-                if self._cuda:
-                    self._window_fresh |= self._fold_windows(block, self._window)
-                if not self._window_fresh:
-                    return None
-                out, self._window_fresh = self._window, False
-                self._window = ChannelStats.zeros(self.num_slots, self.hidden)
-                return out
-            fresh = self._window_fresh  # what end_window had to fold itself, or the host path's windows
-            if fresh:
-                into.add(self._window)
-                self._window.clear()
-                self._window_fresh = False
             if self._cuda:
-                fresh |= self._fold_windows(block, into)
-            return into if fresh else None
+                self._window_fresh |= self._fold_windows(block, self._window)
+            if not self._window_fresh:
+                return None
+            out, self._window_fresh = self._window, False
+            self._window = ChannelStats.zeros(self.num_slots, self.hidden)
+            return out
+
+    def landed_windows(self) -> list[tuple[int, ChannelStats]]:
+        """The windows whose snapshot has landed, unmerged, as ``(slot, stats)``: on CUDA views of the
+        pinned snapshot slots in their own int32/float32 (nothing copied or added up), valid until
+        :meth:`release_windows` frees those slots; slot -1 is a float64 window merged on the host
+        (the CPU path, or what ``end_window`` folded when every slot was taken). For a reader that
+        sends windows elsewhere instead of folding them (the recorder hands them to the export
+        process)."""
+        out: list[tuple[int, ChannelStats]] = []
+        with self._lock:
+            if self._window_fresh:
+                out.append((-1, self._window))
+                self._window, self._window_fresh = ChannelStats.zeros(self.num_slots, self.hidden), False
+            if not self._cuda:
+                return out
+            for w in range(_WINDOW_SLOTS):
+                if self._win_pending[w] and not self._win_held[w] and self._win_events[w].query():
+                    sums = self._win_sums[w].numpy()
+                    out.append((w, ChannelStats(self._win_count[w].numpy(), sums[0], sums[1])))
+                    self._win_held[w] = True
+        return out
+
+    def release_windows(self, slots: list[int]) -> None:
+        """Free the snapshot slots of windows from :meth:`landed_windows` (-1 needs no freeing)."""
+        with self._lock:
+            for w in slots:
+                if w >= 0:
+                    self._win_pending[w] = self._win_held[w] = False
 
     def _fold_windows(self, block: bool, into: ChannelStats) -> bool:
         """Add the snapshots that landed to ``into``, freeing their slots; whether any had."""
         folded = False
         for w in range(_WINDOW_SLOTS):
-            if not self._win_pending[w]:
+            if not self._win_pending[w] or self._win_held[w]:  # a held slot is being read elsewhere
                 continue
             if block:
                 self._win_events[w].synchronize()

@@ -45,6 +45,7 @@ from hs_tracer.export.batch import Scratch, StepBatch
 
 if TYPE_CHECKING:
     from hs_tracer.export.process import ExportProcess
+    from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.fingerprint.stats import ChannelStats
     from hs_tracer.integrations.sglang.state import TracerState
 
@@ -220,7 +221,7 @@ class Recorder(threading.Thread):
             return
         yield from batch.split(chunk)
 
-    def _probe(self) -> Any:
+    def _probe(self) -> FingerprintProbe | None:
         """The probe whose windows feed the diagnosis (decode, else prefill), or None."""
         steps = self.st.steps
         source = None if steps is None else (steps.decode or steps.prefill)

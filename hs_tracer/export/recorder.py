@@ -12,12 +12,13 @@ window the probe has landed, polls the capture sink, and hands all of it on. Whe
   While steps flow, the thread wakes once per hand-off, at most every ``FORWARD_EVERY_S`` and sooner
   when the step rate would fill half the step log or digest ring before then; each wake-up sends
   everything pending as one batch and the diagnosis windows that landed, straight from the probe's
-  snapshot slots (freed after the write; the export process adds them up), in one write. While idle it wakes
-  every ``BATCH_INTERVAL_S`` so a last window or status goes out at once. Why so few wake-ups: each
-  one, and each call in it that releases the GIL (the accept-length join, the pipe write), makes
-  this thread take the GIL back from a scheduler thread that is running Python, which costs this
-  thread tens to hundreds of µs of CPU on a VM host and the scheduler thread a forced switch; a
-  wake-up every 50 ms cost more than all the batching it did (benchmarks/hook_overhead.py breaks
+  snapshot slots (freed after the write; the export process adds them up), in one write. While idle,
+  and while draft-input capture is on (``HS_TRACER_CAPTURE_DIR``: copied inputs wait in a queue of a
+  few for this thread to write them), it wakes every ``BATCH_INTERVAL_S``. Why so few wake-ups:
+  each one, and each call in it that releases the GIL (the accept-length join, the pipe write),
+  makes this thread take the GIL back from a scheduler thread that is running Python, which costs
+  this thread tens to hundreds of µs of CPU on a VM host and the scheduler thread a forced switch;
+  a wake-up every 50 ms cost more than all the batching it did (benchmarks/hook_overhead.py breaks
   the recorder's CPU down). The analysis runs in the export process, on its own interpreter.
 * ``thread`` (``HS_TRACER_EXPORT=thread``, and always while SGLang's request tracing is on: events on
   its request traces go through trace contexts that live in the scheduler process): to an
@@ -185,8 +186,8 @@ class Recorder(threading.Thread):
         finally:
             if windows:
                 probe.release_windows([slot for slot, _window in windows])
-        if not waiting or steps is None:
-            return BATCH_INTERVAL_S
+        if not waiting or steps is None or self.st.capture is not None:
+            return BATCH_INTERVAL_S  # capture on: its few copied inputs wait for this thread to write them
         # the steps of the next interval, at this rate, fill at most half of what may wait
         rate = waiting / max(since, BATCH_INTERVAL_S)
         if rate * FORWARD_EVERY_S <= 0.5 * steps.forward_after:

@@ -100,12 +100,10 @@ class StepLog:
         if a < b:
             cols = [c[a:b].copy() for c in self._columns]
             accept, reqs = self._accept[a:b], self._reqs[a:b]
+            self._accept[a:b] = self._reqs[a:b] = self._cleared[:b - a]
         else:  # the run wraps around the end of the slots
             cols = [np.concatenate((c[a:], c[:b])) for c in self._columns]
             accept, reqs = self._accept[a:] + self._accept[:b], self._reqs[a:] + self._reqs[:b]
-        if a < b:
-            self._accept[a:b] = self._reqs[a:b] = self._cleared[:b - a]
-        else:
             self._accept[a:] = self._reqs[a:] = self._cleared[:self.capacity - a]
             self._accept[:b] = self._reqs[:b] = self._cleared[:b]
         skips = []

@@ -220,7 +220,7 @@ class FingerprintProbe:
                 return
             free = [w for w in range(_WINDOW_SLOTS) if not self._win_pending[w]]
             if not free:  # folding is the reader's (read_window); here only when no slot is free
-                self._window_fresh |= self._fold_windows(False, self._window)
+                self._window_fresh |= self._fold_windows(False)
                 free = [w for w in range(_WINDOW_SLOTS) if not self._win_pending[w]]
             if not free:
                 self.window_skips += 1
@@ -281,7 +281,7 @@ class FingerprintProbe:
         tests only)."""
         with self._lock:
             if self._cuda:
-                self._window_fresh |= self._fold_windows(block, self._window)
+                self._window_fresh |= self._fold_windows(block)
             if not self._window_fresh:
                 return None
             out, self._window_fresh = self._window, False
@@ -316,8 +316,9 @@ class FingerprintProbe:
                 if w >= 0:
                     self._win_pending[w] = self._win_held[w] = False
 
-    def _fold_windows(self, block: bool, into: ChannelStats) -> bool:
-        """Add the snapshots that landed to ``into``, freeing their slots; whether any had."""
+    def _fold_windows(self, block: bool) -> bool:
+        """Add the snapshots that landed to the host window, freeing their slots; whether any had."""
+        into = self._window
         folded = False
         for w in range(_WINDOW_SLOTS):
             if not self._win_pending[w] or self._win_held[w]:  # a held slot is being read elsewhere

@@ -116,12 +116,12 @@ class ChannelStats:
         return ChannelStats(self.count + other.count, self.sum + other.sum, self.sumsq + other.sumsq)
 
     def add(self, other: ChannelStats) -> None:
-        """:meth:`merge` in place, in this accumulator's dtypes (an int32 count takes float64 counts,
-        which are whole numbers). A DeepSeek-V3-wide window is three 170 KB arrays: allocating fresh
+        """:meth:`merge` in place. A DeepSeek-V3-wide window is three 170 KB arrays: allocating fresh
         ones at every fold costs page faults worth hundreds of µs on a GPU host."""
         self._check_shape(other)
-        for mine, theirs in ((self.count, other.count), (self.sum, other.sum), (self.sumsq, other.sumsq)):
-            np.add(mine, theirs, out=mine, casting="unsafe")
+        self.count += other.count
+        self.sum += other.sum
+        self.sumsq += other.sumsq
 
     def clear(self) -> None:
         """Zero the sums in place."""

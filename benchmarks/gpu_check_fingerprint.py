@@ -8,7 +8,9 @@ Checks, each on fresh random inputs (the seed is printed):
 2. determinism: 50 launches on one input give bitwise-equal digests (a race would show);
 3. the probe under ``torch.cuda.set_sync_debug_mode("error")``: observe/drain/end_window/read_window
    for many steps with no sync and no device allocation, graph-replayed and direct launches, bounded ring;
-4. CUDA graphs: the kernel and ``probe.observe`` captured and replayed on changing inputs.
+4. CUDA graphs: the kernel and ``probe.observe`` captured and replayed on changing inputs;
+5. an input whose launch graph exists, observed while the stream captures a graph: the replay is
+   refused (the capture check comes first), the kernel goes into the capture, the ring stays in step.
 Writes gpu_check_fingerprint.json and .log under --out; exits 1 if any check fails.
 """
 
@@ -204,6 +206,7 @@ def _probe_run(rng: np.random.Generator, graphs: bool) -> dict:
     if not graphs and launcher.replays:
         failures.append(f"{launcher.replays} graph replays with graphs off")
     return {"graph_replays": launcher.replays, "direct_launches": launcher.direct, "graphs": launcher.graphs,
+            "graph_launch_way": sorted({g.way for g in launcher._graphs.values()}),
             "compiled_variants": len(probe._ws._compiled), "steps": steps,
             "drained": len(got), "dropped": probe.dropped,
             "windows": len(windows), "window_skips": probe.window_skips, "sync_debug_armed": armed,
@@ -258,6 +261,56 @@ def check_graph_capture(rng: np.random.Generator) -> dict:
     return {"replays": replays, "channel_errors": c, "failures": failures}
 
 
+def check_replay_under_capture(rng: np.random.Generator) -> dict:
+    k, h, n = 3, 1024, 64
+    probe = FingerprintProbe(k, h, DEV, ring_size=8)
+    static = torch.zeros((n, k * h), dtype=torch.bfloat16, device=DEV)
+    failures = []
+
+    def expect(raw: np.ndarray, x_cpu: torch.Tensor, what: str) -> None:
+        ref_raw, _, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
+        d = digest_errors(raw, ref_raw, abs_sum)
+        if not within_tolerance(d, RTOL["float32"]):
+            failures.append(f"{what}: {d}")
+
+    xs = []
+    for step in (1, 2, 3):  # direct, direct and captured, replayed
+        xs.append(random_draft_input(rng, n, k, h, torch.bfloat16))
+        static.copy_(xs[-1].to(DEV))
+        probe.observe(static, step)
+    torch.cuda.synchronize()
+    got = probe.drain()
+    if [s for s, _ in got] != [1, 2, 3] or probe.launcher.replays != 1:
+        failures.append(f"warm-up: drained {[s for s, _ in got]}, {probe.launcher.replays} replays")
+    for (step, digest), x_cpu in zip(got, xs, strict=False):
+        expect(digest.raw(), x_cpu, f"step {step}")
+    launched, replays = probe._ring.launched, probe.launcher.replays
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        probe.observe(static, 99)  # the input's graph exists: its replay must be refused here
+    if (probe._ring.launched, probe.launcher.replays) != (launched, replays):
+        failures.append(f"under capture the ring noted {probe._ring.launched - launched} launches and "
+                        f"{probe.launcher.replays - replays} replays ran")
+    x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
+    static.copy_(x_cpu.to(DEV))
+    g.replay()
+    torch.cuda.synchronize()
+    expect(probe._ws.digest.double().cpu().numpy(), x_cpu, "captured kernel, replayed")
+    x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
+    static.copy_(x_cpu.to(DEV))
+    probe.observe(static, 4)  # after the capture: replayed into the ring again
+    torch.cuda.synchronize()
+    got = probe.drain()
+    if [s for s, _ in got] != [4] or probe.launcher.replays != replays + 1:
+        failures.append(f"after the capture: drained {[s for s, _ in got]}")
+    for _step, digest in got:
+        expect(digest.raw(), x_cpu, "step 4")
+    return {"graph_launch_way": sorted({gl.way for gl in probe.launcher._graphs.values()}),
+            "dropped": probe.dropped, "failures": failures}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -269,7 +322,8 @@ def main() -> int:
     log(f"machine {result['machine']} seed {seed}")
     ok = True
     for name, fn in (("kernel_vs_float64", check_kernel_vs_float64), ("determinism", check_determinism),
-                     ("probe_no_sync", check_probe_no_sync), ("graph_capture", check_graph_capture)):
+                     ("probe_no_sync", check_probe_no_sync), ("graph_capture", check_graph_capture),
+                     ("replay_under_capture", check_replay_under_capture)):
         try:
             res = fn(rng)
         except Exception:

@@ -658,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs.py output of plain decoding of the same prompts on CPU in float32 "
                          "(compared with the GPU's plain decoding)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--host-breakdown", action="store_true",
+                    help="time hs_tracer's per-step functions inside the traced prod engine, per batch "
+                         "size, with a canary workload beside them (the testbed's HostBreakdown patch)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     if args.target is not None and (args.draft is None or args.profile is None):
@@ -694,6 +697,12 @@ def main(argv: list[str] | None = None) -> int:
     stem = f"gpu_sglang_h200_tp{args.tp}_{today}{args.tag}"
     log_dir = args.out_dir / f"{stem}_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    if args.host_breakdown:
+        from hs_tracer_testbed.runtime.gpu.patches import BREAKDOWN_FLAG
+
+        for s in plan["prod"]:
+            if s.traced:
+                s.env = {**s.env, BREAKDOWN_FLAG: str(log_dir)}
     result: dict[str, Any] = {
         "what": "real SGLang 0.5.23 EAGLE-3 servers with hs_tracer inside, hs_tracer GPU testbed runtime",
         "date": today, "sglang": SGLANG_VERSION, "tp": args.tp,
@@ -738,6 +747,9 @@ def main(argv: list[str] | None = None) -> int:
             result[part] = measure(part, servers, bodies[part])
             if part == "prod":
                 result[part]["models"] = json.loads((models / "summary.json").read_text())
+                time.sleep(2.5)  # the breakdown files are rewritten every 2 s
+                result[part]["host_breakdown"] = {p.name: json.loads(p.read_text())
+                                                  for p in sorted(log_dir.glob("host-breakdown-*.json"))}
             write(args.out_dir, stem, result)
     finally:
         stop_all(everything)

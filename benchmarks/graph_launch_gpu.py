@@ -6,10 +6,12 @@ The fingerprint probe replays a captured one-kernel graph every decode step on S
 thread (``hs_tracer/fingerprint/launch.py``). This times, on the host, the median of ``--calls``
 calls (``perf_counter_ns`` around each, the GPU drained every 8 calls outside the timing) of:
 ``torch.cuda.CUDAGraph.replay()``; the driver's ``cuGraphLaunch`` through ctypes on the graph's
-executable (``raw_cuda_graph_exec``) with the current stream looked up each call (what
-``launch.GraphLaunch`` does) and with it cached; and ``cuda.bindings``' ``cudaGraphLaunch`` where
-that package is installed. The graph adds 1 to a device scalar; the count after the run checks
-that every launch ran. Also the step path's small C calls (input key, capture check).
+executable (``raw_cuda_graph_exec``) with the current stream looked up each call and with it cached;
+the C helper (``fingerprint/native.py``: the capture check and ``cuGraphLaunch`` in one call, what
+``launch.GraphLaunch`` does where it builds) and ``GraphLaunch.replay`` itself; and
+``cuda.bindings``' ``cudaGraphLaunch`` where that package is installed. The graph adds 1 to a
+device scalar; the count after the run checks that every launch ran. Also the step path's small C
+calls (input key, capture check).
 Writes graph_launch_gpu.json under --out.
 """
 
@@ -27,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from hs_tracer.fingerprint.launch import _driver_graph_launch
+from hs_tracer.fingerprint import native
+from hs_tracer.fingerprint.launch import GraphLaunch, _driver_entry_points, _driver_graph_launch
 
 
 def median_us(fn: Callable[[], object], calls: int) -> float:
@@ -64,9 +67,15 @@ def main() -> int:
     x = torch.zeros(256, 3 * 7168, dtype=torch.bfloat16, device=dev)
     rows: dict[str, float] = {}
     rows["torch CUDAGraph.replay()"] = median_us(graph.replay, args.calls)
-    rows["cuGraphLaunch via ctypes, stream looked up (hs_tracer)"] = median_us(
+    rows["cuGraphLaunch via ctypes, stream looked up (the fallback)"] = median_us(
         lambda: launch(exec_, stream_of(index)), args.calls)
     rows["cuGraphLaunch via ctypes, stream cached"] = median_us(lambda: launch(exec_, stream), args.calls)
+    helper, entry = native.load(), _driver_entry_points()
+    assert helper is not None and entry is not None, "the C helper did not build (see the log line)"
+    c_replay, (c_launch, c_capturing) = helper.replay, entry
+    rows["C helper: capture check + cuGraphLaunch, stream looked up (hs_tracer)"] = median_us(
+        lambda: c_replay(c_launch, c_capturing, exec_, stream_of(index)), args.calls)
+    rows["GraphLaunch.replay as the probe calls it"] = median_us(GraphLaunch(graph, index).replay, args.calls)
     import ctypes
 
     bare = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch  # no argtypes: arguments passed as c_void_p

@@ -273,7 +273,7 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
         # every launch noted on the host ran on the device (the kernel counts its runs)
         out.update(graph_replays=launcher.replays, direct_launches=launcher.direct, graphs=launcher.graphs,
                    ring_noted=ring.launched, ring_ran=int(ring.seq.item()),
-                   raw_graph_launch=[g.raw for g in launcher._graphs.values()])
+                   graph_launch_way=sorted({g.way for g in launcher._graphs.values()}))
     return out
 
 

@@ -53,6 +53,7 @@ def test_wheel_of_the_production_package_has_no_testbed(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("hs_tracer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "hs_tracer/cli.py" in names
+    assert "hs_tracer/fingerprint/graph_replay.c" in names  # the probe compiles it where it runs
     assert not [n for n in names if "testbed/" in n or n.startswith("hs_tracer_testbed")]
     assert not [n for n in names if n.endswith((".safetensors", "sitecustomize.py"))]
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()

@@ -138,8 +138,9 @@ class _ReplayByRerun:
     def __init__(self, launch) -> None:
         self.launch = launch
 
-    def replay(self) -> None:
+    def replay(self) -> bool:
         self.launch()
+        return True  # launched (False: the stream was capturing)
 
 
 def _expect_digests(got, inputs, k: int, h: int, seed: int) -> None:

@@ -2,11 +2,11 @@
 
 A kernel launch through Triton's launcher costs the scheduler thread ~10 µs (argument marshalling
 for 25 arguments, the stream lookup, the driver call); replaying a CUDA graph that holds the same
-launch costs one driver call. The replay calls the driver's ``cuGraphLaunch`` on the graph's
-executable with the current stream directly (2.8 µs on the H200 host against 4.2 µs for
-``torch.cuda.CUDAGraph.replay``, which adds a device guard and its Python binding:
-benchmarks/graph_launch_gpu.py), falling back to ``replay`` where the driver library or the handle is
-not to be had.
+launch costs one driver call. The replay checks that the current stream is not capturing and calls
+the driver's ``cuGraphLaunch`` on the graph's executable, both in one call of a small C helper
+(``native.py``); where that cannot be built, through ctypes after torch's capture check, and where
+the driver library or the handle is not to be had, through ``torch.cuda.CUDAGraph.replay`` (which
+adds a device guard and its Python binding). benchmarks/graph_launch_gpu.py times each way.
 
 A graph freezes the kernel's arguments, the input's address among them, so one graph serves one
 (address, rows, strides, dtype). That is exactly what SGLang's decode gives the probe: the draft input
@@ -30,7 +30,7 @@ logger = logging.getLogger("hs_tracer")
 
 
 class Replayable(Protocol):
-    def replay(self) -> None: ...
+    def replay(self) -> bool: ...
 
 
 Capture = Callable[[Callable[[], None]], Replayable]
@@ -58,27 +58,71 @@ def _driver_graph_launch() -> Callable[[int, int], int] | None:
     return fn
 
 
+def _driver_entry_points() -> tuple[int, int] | None:
+    """Addresses of the driver's ``cuGraphLaunch`` and ``cuStreamIsCapturing``, or None."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        return (ctypes.cast(lib.cuGraphLaunch, ctypes.c_void_p).value,
+                ctypes.cast(lib.cuStreamIsCapturing, ctypes.c_void_p).value)
+    except (OSError, AttributeError):
+        return None
+
+
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)  # the C call: one frame less
+
+
 class GraphLaunch:
-    """A captured one-kernel graph; :attr:`replay` launches it on the current stream (:attr:`raw`:
-    through ``cuGraphLaunch``)."""
+    """A captured one-kernel graph. :attr:`replay` launches it on the current stream and returns
+    True, or returns False without launching while that stream is capturing a graph (the caller
+    then records the kernel into that capture instead). :attr:`way` says how it launches:
+    ``native`` (the C helper, ``native.py``: the capture check and ``cuGraphLaunch`` in one call),
+    ``ctypes`` (``cuGraphLaunch`` through ctypes after torch's capture check) or ``torch``
+    (``CUDAGraph.replay``), the first that this machine offers."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph, device_index: int) -> None:
-        self.graph = graph  # owns the executable the raw launch uses
-        self.replay: Callable[[], None] = graph.replay
-        self.raw = False
-        launch = _driver_graph_launch()
+        self.graph = graph  # owns the executable the raw launches use
+        self.way = "torch"
+        self.replay: Callable[[], bool] = self._torch_replay
         handle = getattr(graph, "raw_cuda_graph_exec", None)
-        if launch is None or handle is None:
+        if handle is None:
             return
         exec_ = handle()
         stream_of = torch._C._cuda_getCurrentRawStream
+        from hs_tracer.fingerprint import native
 
-        def replay() -> None:
-            if launch(exec_, stream_of(device_index)):
-                raise RuntimeError("cuGraphLaunch failed for the fingerprint graph")
+        helper, entry = native.load(), _driver_entry_points()
+        if helper is not None and entry is not None:
+            c_replay, (launch, is_capturing) = helper.replay, entry
 
-        self.replay = replay
-        self.raw = True
+            def replay() -> bool:
+                err = c_replay(launch, is_capturing, exec_, stream_of(device_index))
+                if err > 0:
+                    raise RuntimeError(f"cuGraphLaunch failed for the fingerprint graph (CUresult {err})")
+                return err == 0
+
+            self.replay, self.way = replay, "native"
+            return
+        ctypes_launch = _driver_graph_launch()
+        if ctypes_launch is None:
+            return
+
+        def ctypes_replay() -> bool:
+            if _capturing():
+                return False
+            err = ctypes_launch(exec_, stream_of(device_index))
+            if err:
+                raise RuntimeError(f"cuGraphLaunch failed for the fingerprint graph (CUresult {err})")
+            return True
+
+        self.replay, self.way = ctypes_replay, "ctypes"
+
+    def _torch_replay(self) -> bool:
+        if _capturing():
+            return False
+        self.graph.replay()
+        return True
 
 
 def cuda_graph_capture(device: torch.device) -> Capture:
@@ -118,7 +162,7 @@ class StepLauncher:
         self.max_graphs = max_graphs
         self.promote_after = promote_after
         self._graphs: dict[Key, Replayable] = {}
-        self.replays_by_key: dict[Key, Callable[[], None]] = {}
+        self.replays_by_key: dict[Key, Callable[[], bool]] = {}
         self._seen: dict[Key, int] = {}
         self.replays = 0
         self.direct = 0
@@ -128,8 +172,7 @@ class StepLauncher:
         """Fingerprint ``x [n, K*H]`` (n >= 1) into the next ring row, on the current stream."""
         key = launch_key(x)
         replay = self.replays_by_key.get(key)
-        if replay is not None:
-            replay()
+        if replay is not None and replay():
             self.replays += 1
             return
         ws, ring = self._ws, self._ring

@@ -39,7 +39,6 @@ _WINDOW_SLOTS = 8
 """Pinned snapshot slots for closed windows: windows close at most every 0.1 s (the step path's
 ``MIN_WINDOW_S``) and the recorder frees slots at least every 0.5 s while steps flow, so 8 leave
 room; only with all of them in flight does ``end_window`` fold on the scheduler thread."""
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)  # the C call: one frame less
 
 
 class FingerprintProbe:
@@ -97,6 +96,7 @@ class FingerprintProbe:
         target = kernel.RingTarget(self._ring.digests, self._ring.stamps, self._ring.seq)
         capture = launch.cuda_graph_capture(self.device) if graphs else None
         self.launcher = launch.StepLauncher(self._ws, target, capture)
+        self._capturing = launch._capturing
         self._replays = self.launcher.replays_by_key
         self._idle: deque[int] = deque(maxlen=self.ring_size)  # N=0 steps: digest is known on the host
         self._win_count = torch.zeros((_WINDOW_SLOTS, k, h), dtype=torch.int32, pin_memory=True)
@@ -145,11 +145,14 @@ class FingerprintProbe:
         if self._cuda:
             shape = x.shape
             replay = self._replays.get((x.data_ptr(), shape, x.stride(), x.dtype))
-            if replay is not None and not _capturing():
+            if replay is not None:
                 n = shape[0]
                 self._ring.note(step_id, n)
-                replay()
-                self.launcher.replays += 1
+                if replay():
+                    self.launcher.replays += 1
+                else:  # the stream is capturing: nothing was launched, the kernel goes into the capture
+                    self._ring.unnote()
+                    self._observe_cuda(x, n, step_id)
             else:
                 n = self._checked_rows(x)
                 if n >= 0:
@@ -195,7 +198,7 @@ class FingerprintProbe:
         if torch._C._cuda_getDevice() != self._index:  # launches go to the current device
             with torch.cuda.device(self.device):
                 return self._observe_cuda(x, n, step_id)
-        if _capturing():
+        if self._capturing():
             if n:
                 from hs_tracer.fingerprint.kernel import fingerprint_fused
 

@@ -61,6 +61,11 @@ class DigestRing:
         self._w_seq[row] = seq
         self.launched = seq
 
+    def unnote(self) -> None:
+        """Producer: take back the last :meth:`note`; its launch did not happen."""
+        self._w_seq[self.launched % self.size] = 0
+        self.launched -= 1
+
     def skip_launched(self) -> None:
         """Forget every launch so far (e.g. a warm-up launch): drain starts after them."""
         with self._read_lock:

@@ -207,6 +207,7 @@ def _probe_run(rng: np.random.Generator, graphs: bool) -> dict:
         failures.append(f"{launcher.replays} graph replays with graphs off")
     return {"graph_replays": launcher.replays, "direct_launches": launcher.direct, "graphs": launcher.graphs,
             "graph_launch_way": sorted({g.way for g in launcher._graphs.values()}),
+            "window_snapshot_graphs": probe._win_snapshots is not None if graphs else None,
             "compiled_variants": len(probe._ws._compiled), "steps": steps,
             "drained": len(got), "dropped": probe.dropped,
             "windows": len(windows), "window_skips": probe.window_skips, "sync_debug_armed": armed,

@@ -43,4 +43,5 @@ for r in range(3 * _WINDOW_SLOTS):
     p.release_windows([s for s, _ in landed])
 p.release_windows([held[0][0]])
 out["skips"] = p.window_skips
+out["snapshot_graphs"] = p._win_snapshots is not None
 print("WINCHECK PASS" if all(x["ok"] for x in out["rounds"]) else "WINCHECK FAIL", json.dumps(out))

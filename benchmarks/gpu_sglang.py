@@ -193,6 +193,21 @@ def scrape(port: int) -> str:
         return f"# scrape failed: {exc}"
 
 
+def settled_scrape(port: int, settle_s: float = 0.7, max_wait_s: float = 15.0) -> str:
+    """``/metrics`` once hs_tracer's step counter has stopped moving: two reads ``settle_s`` apart
+    (longer than the recorder's 0.5 s hand-off) with the same count. A single read a fixed time
+    after a run could miss its last hand-off, or count the warm-up's in the next batch size."""
+    text = scrape(port)
+    end = time.monotonic() + max_wait_s
+    while time.monotonic() < end:
+        time.sleep(settle_s)
+        again = scrape(port)
+        if counter(again, "hs_tracer_verify_steps") == counter(text, "hs_tracer_verify_steps"):
+            return again
+        text = again
+    return text
+
+
 def histogram(text: str, name: str) -> dict[str, float]:
     """Sum, count and cumulative buckets of one histogram in Prometheus text format (summed over
     label sets)."""
@@ -489,7 +504,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         mine = left * cost[bs] / sum(cost.values()) if left != float("inf") else float("inf")
         pairs = max_pairs if mine == float("inf") else int(mine / (2 * median(warm)))
         pairs = max(PROD_MIN_PAIRS, min(max_pairs, pairs))
-        before_text = scrape(metrics_port)
+        before_text = settled_scrape(metrics_port)
         before = histogram(before_text, "hs_tracer_host_overhead_seconds")
         steps_before = counter(before_text, "hs_tracer_verify_steps")
         times: dict[str, list[float]] = {"off": [], "on": []}
@@ -502,8 +517,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
                 times[label].append(time.perf_counter() - t0)
                 # SGLang's verify steps of the batch: every request takes part in every step
                 verify[label] += max(int(o["meta_info"].get("spec_verify_ct") or 0) for o in res)
-        time.sleep(1.0)  # the recorder drains its queue every 0.5 s
-        text = scrape(metrics_port)
+        text = settled_scrape(metrics_port)
         after = histogram(text, "hs_tracer_host_overhead_seconds")
         dh = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         ratios = sorted(a / b for a, b in zip(times["off"], times["on"], strict=True))
@@ -860,9 +874,35 @@ def markdown(r: dict[str, Any]) -> str:
                          f"{t['hs_tracer_verify_steps']} / "
                          f"{t['sglang_verify_steps']['on']} |")
         lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
+        lines += _breakdown_lines(pr.get("host_breakdown") or {})
         if pr.get("error"):
             lines += [f"Part error: {pr['error']}", ""]
     return "\n".join(lines) + "\n"
+
+
+BREAKDOWN_ROWS = ("observe_decode", "probe_observe_rows", "graph_replay_native", "graph_replay_ctypes",
+                  "record", "step_log_append", "window_close", "canary")
+
+
+def _breakdown_lines(files: dict[str, Any]) -> list[str]:
+    """The traced engine's per-function host times (``--host-breakdown``), median µs per call and
+    calls, per batch size."""
+    lines = []
+    for name, per_batch in files.items():
+        sizes = [bs for bs in per_batch if bs != "0"]
+        lines += [f"hs_tracer's per-step functions inside the engine ({name}; median µs per call, "
+                  "calls in brackets; nested: observe_decode holds probe_observe_rows, which holds the "
+                  "graph replay; record holds step_log_append; the canary is a fixed workload timed "
+                  "before every decode hook):", "",
+                  "| function | " + " | ".join(f"batch {bs}" for bs in sizes) + " |",
+                  "|---|" + "---:|" * len(sizes)]
+        for row in BREAKDOWN_ROWS:
+            cells = [per_batch[bs].get(row) for bs in sizes]
+            if any(cells):
+                lines.append(f"| {row} | " + " | ".join(
+                    f"{c['median_us']:.1f} ({c['count']})" if c else "-" for c in cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _identical(rounds: list[dict[str, Any]] | None) -> str:

@@ -185,6 +185,46 @@ def test_sitecustomize_applies_the_gpu_runtime_in_a_fresh_process() -> None:
     assert out["hooks_wrapped"] == serving and len(serving) == 5
 
 
+BREAKDOWN_PROBE = """
+import json, torch
+from types import SimpleNamespace
+from hs_tracer.fingerprint.probe import FingerprintProbe
+from hs_tracer.integrations.sglang.steps import StepPath
+from hs_tracer.records import Ranks
+from hs_tracer_testbed.runtime.gpu import patches
+
+probe = FingerprintProbe(2, 8, "cpu")
+path = StepPath(probe, probe, 32, Ranks(), 64)
+reqs = [SimpleNamespace(is_retracted=False, finished_reason=None, rid=str(i)) for i in range(3)]
+for _ in range(20):
+    result = SimpleNamespace()
+    path.observe_decode(torch.ones(12, 16), result, reqs)
+    path.record(result, reqs, torch.tensor([1, 2, 3], dtype=torch.int32), 4, 4)
+patches._breakdown.write()
+print("RESULT " + json.dumps({"path": str(patches._breakdown.path), "steps": len(path.take())}))
+"""
+
+
+def test_host_breakdown_times_the_step_path_per_batch_size(tmp_path: Path) -> None:
+    """With the breakdown flag the runtime times hs_tracer's real per-step functions, once per call,
+    keyed by the batch size, and a canary beside every decode hook; tracing itself is unchanged."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HS_TRACER", "SGLANG_"))}
+    base["PYTHONPATH"] = str(ROOT)
+    env = launcher.runtime_env({patches.BREAKDOWN_FLAG: str(tmp_path)}, base=base)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(BREAKDOWN_PROBE)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert out["steps"] == 20
+    summary = json.loads(Path(out["path"]).read_text())
+    per_call = summary["3"]  # the batch size is noted as each result comes in
+    assert per_call["record"]["count"] == per_call["step_log_append"]["count"] == 20
+    assert per_call["observe_decode"]["count"] == per_call["canary"]["count"] == 19  # the first: before any
+    assert summary["0"]["observe_decode"]["count"] == 1
+    assert per_call["window_close"]["count"] >= 1  # 12 rows a step, windows of 32 rows
+    assert all(v["median_us"] > 0 for v in per_call.values())
+
+
 def test_fallback_finder_serves_modules_only_when_none_is_installed() -> None:
     finder = standin.FallbackFinder()
     assert finder.find_spec("flash_mla", None) is not None

@@ -120,7 +120,7 @@ def test_graph_launch_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(launch, "_driver_graph_launch", lambda: None)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
     capturing = [False]
-    monkeypatch.setattr(launch, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(launch, "stream_capturing", lambda: capturing[0])
     graph = FakeGraph()
     g = launch.GraphLaunch(graph, device_index=0)
     assert g.way == "torch"

@@ -70,7 +70,8 @@ def _driver_entry_points() -> tuple[int, int] | None:
         return None
 
 
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)  # the C call: one frame less
+stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+"""Whether the current stream is capturing a CUDA graph (torch's C call itself: one frame less)."""
 
 
 class GraphLaunch:
@@ -109,7 +110,7 @@ class GraphLaunch:
             return
 
         def ctypes_replay() -> bool:
-            if _capturing():
+            if stream_capturing():
                 return False
             err = ctypes_launch(exec_, stream_of(device_index))
             if err:
@@ -119,7 +120,7 @@ class GraphLaunch:
         self.replay, self.way = ctypes_replay, "ctypes"
 
     def _torch_replay(self) -> bool:
-        if _capturing():
+        if stream_capturing():
             return False
         self.graph.replay()
         return True

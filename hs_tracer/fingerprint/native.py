@@ -2,8 +2,9 @@
 launchers: with the C compiler and Python headers of the machine, into a per-user cache.
 
 Why C at all: the probe replays a one-kernel graph every decode step on SGLang's scheduler thread,
-and through ctypes the capture check and the launch cost ~1.5 µs more than the driver calls
-themselves (benchmarks/graph_launch_gpu.py). Why compiled here and not shipped: the extension has
+and through ctypes and torch's binding the capture check and the launch cost the scheduler thread
+~1.8 µs more than one C call making both (benchmarks/graph_launch_gpu.py on an H200 host; 0.4-0.8 µs
+of the launch hook in benchmarks/hook_overhead.py). Why compiled here and not shipped: the extension has
 to match the serving interpreter, and the machines that run the probe already compile C for Triton.
 
 :func:`load` never raises: without a compiler or headers, or if the build fails, it returns None
@@ -66,7 +67,7 @@ def _load(target: Path) -> ModuleType | None:
         return module
     except (OSError, ImportError, subprocess.SubprocessError, AssertionError) as exc:
         logger.info("hs_tracer: the C graph-replay helper is not available (%s); the probe launches "
-                    "through ctypes (~1.5 µs more per step)", exc)
+                    "through ctypes (~1 µs more per step)", exc)
         return None
 
 

@@ -96,7 +96,7 @@ class FingerprintProbe:
         target = kernel.RingTarget(self._ring.digests, self._ring.stamps, self._ring.seq)
         capture = launch.cuda_graph_capture(self.device) if graphs else None
         self.launcher = launch.StepLauncher(self._ws, target, capture)
-        self._capturing = launch._capturing
+        self._capturing = launch.stream_capturing
         self._replays = self.launcher.replays_by_key
         self._idle: deque[int] = deque(maxlen=self.ring_size)  # N=0 steps: digest is known on the host
         self._win_count = torch.zeros((_WINDOW_SLOTS, k, h), dtype=torch.int32, pin_memory=True)

@@ -57,6 +57,8 @@ test: $(STAMP)
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	@# A real Prometheus server (and promtool) from Debian's package; the tests start their own.
 	tests/infra/prometheus.sh
+	@# A C compiler and Python headers: the tests build the probe's C graph-replay helper.
+	tests/infra/c_toolchain.sh $(BIN)/python
 	$(BIN)/python -m pytest
 ifneq ($(origin SGLANG),command line)
 	$(foreach v,$(OLD_SGLANG),$(MAKE) test SGLANG=$(v) &&) true

@@ -34,6 +34,7 @@ class TracerConfig:
     metrics_addr: str = "0.0.0.0"  # HS_TRACER_METRICS_ADDR: address that /metrics binds to
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
     export: str = "process"  # HS_TRACER_EXPORT: exporters in a process of their own, or "thread"
+    in_graph: bool = True  # HS_TRACER_IN_GRAPH: record the fingerprint kernel into the target's CUDA graphs
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
@@ -78,6 +79,13 @@ def _export(name: str, raw: str) -> str:
     return mode
 
 
+def _switch(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in TRUE_VALUES | FALSE_VALUES:
+        raise ValueError(f"{name}={raw!r} must be 1 (on) or 0 (off)")
+    return value in TRUE_VALUES
+
+
 def _log_level(name: str, raw: str) -> str:
     level = raw.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -98,6 +106,7 @@ _PARSERS = {
     "HS_TRACER_METRICS_ADDR": ("metrics_addr", lambda _n, raw: raw.strip()),
     "HS_TRACER_LOG_LEVEL": ("log_level", lambda name, raw: _log_level(name, raw)),
     "HS_TRACER_EXPORT": ("export", _export),
+    "HS_TRACER_IN_GRAPH": ("in_graph", _switch),
     "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
 }
 

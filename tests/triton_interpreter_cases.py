@@ -218,3 +218,43 @@ def test_step_launcher_ring_and_graph_promotion(kernel, rng) -> None:
     for _ in range(4):
         ring.note(300, 1)
     assert ring.drain() == [] and ring.dropped == dropped + 2
+
+
+def test_masked_launch_reads_only_the_valid_rows(kernel, rng) -> None:
+    """The launch recorded into a padded CUDA graph: rows whose ``valid`` entry is 0 (padding, in any
+    position) are not read, the digest counts the rows read, a launch that reads no row (every entry
+    0, or ``enable`` off) writes no digest and does not advance the ring, and window sums add only
+    what was read."""
+    from hs_tracer.fingerprint.ring import DigestRing
+
+    gen, seed = rng
+    k, h = 2, 64
+    cfg = kernel.KernelConfig(block_n=4, block_h=32, block_p=8)
+    ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=3)
+    ring = DigestRing(k, 8, torch.device("cpu"), pinned=False)
+    target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
+    padded = random_draft_input(gen, 24, k, h, torch.bfloat16)
+    valid = torch.zeros(24, dtype=torch.int64)
+    enable = torch.ones(1, dtype=torch.int32)
+    kept = []
+    for step, rows in enumerate([np.arange(5), np.array([0, 3, 4, 11, 23]), np.arange(24)]):
+        valid.zero_()
+        valid[torch.from_numpy(rows)] = torch.from_numpy(rows + 7)  # KV slots: never 0 for a real row
+        padded[torch.from_numpy(np.setdiff1d(np.arange(24), rows))] = float("nan")  # never read
+        ring.note(step, rows.size)
+        kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
+        kept.append((step, padded[torch.from_numpy(rows)].clone()))
+        padded.copy_(random_draft_input(gen, 24, k, h, torch.bfloat16))
+    valid.zero_()  # an idle replay: nothing read, nothing written
+    kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
+    valid.fill_(1)
+    enable.zero_()  # switched off: the same
+    kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
+    assert int(ring.seq) == 3 and ws._ticket.item() == 0
+    got = ring.drain()
+    _expect_digests(got, kept, k, h, seed)  # the NaN padding would show in the non-finite counts
+    union = torch.cat([x for _, x in kept])
+    _, stats, abs_sum = fingerprint_float64(union.double().numpy(), k, h)
+    assert within_tolerance(channel_errors(ws.acc.to_stats(), stats, abs_sum), RTOL["float32"]), f"seed {seed}"
+    with pytest.raises(ValueError, match="masked launch"):
+        kernel.fingerprint_fused(padded, ws, ring=target, valid=valid.int(), enable=enable)

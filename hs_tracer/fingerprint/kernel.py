@@ -36,7 +36,7 @@ import triton.language as tl
 from hs_tracer.fingerprint.reference import ChannelAccumulators
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 
-_PARTIAL_WIDTH = 4  # sum, sumsq, absmax, nonfinite
+_PARTIAL_WIDTH = 5  # sum, sumsq, absmax, nonfinite, rows read (masked launches only)
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,20 @@ DEFAULT_CONFIG = KernelConfig()
 
 
 @triton.jit
-def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
-               BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr, MASKED: tl.constexpr):
-    """Per-column sum, sum of squares, absmax and non-finite count over rows [row_start, row_end).
+def _row_mask(valid_ptr, rows, row_end, on, VALID: tl.constexpr):
+    """Rows below ``row_end`` and, with VALID, whose entry in ``valid`` is non-zero (and ``on``)."""
+    ok = rows < row_end
+    if VALID:
+        ok = ok & (tl.load(valid_ptr + rows, mask=ok, other=0) != 0) & on
+    return ok
+
+
+@triton.jit
+def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end, valid_ptr, on,
+               BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr, MASKED: tl.constexpr,
+               VALID: tl.constexpr):
+    """Per-column sum, sum of squares, absmax and non-finite count over rows [row_start, row_end)
+    (with VALID only the rows :func:`_row_mask` keeps), and the number of rows read.
 
     MASKED=False is the fast path for all-finite data (4 operations per value); a non-finite value
     makes its column's sum of squares non-finite, which the caller detects and answers by scanning
@@ -70,21 +81,27 @@ def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
     acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_m = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_bad = tl.zeros([BLOCK_H], dtype=tl.int32)
+    n_read = tl.zeros([BLOCK_N], dtype=tl.int32)
     row_ids = tl.arange(0, BLOCK_N)
     if PREFETCH:  # the next tile's load is issued before this tile is reduced: twice the bytes in flight
         rows = row_start + row_ids
-        m = (rows < row_end)[:, None] & col_ok[None, :]
+        nxt_ok = _row_mask(valid_ptr, rows, row_end, on, VALID)
+        m = nxt_ok[:, None] & col_ok[None, :]
         nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
     for r0 in range(row_start, row_end, BLOCK_N):
         if PREFETCH:
-            cur = nxt
+            cur, cur_ok = nxt, nxt_ok
             rows = r0 + BLOCK_N + row_ids
-            m = (rows < row_end)[:, None] & col_ok[None, :]
+            nxt_ok = _row_mask(valid_ptr, rows, row_end, on, VALID)
+            m = nxt_ok[:, None] & col_ok[None, :]
             nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
         else:
             rows = r0 + row_ids
-            m = (rows < row_end)[:, None] & col_ok[None, :]
+            cur_ok = _row_mask(valid_ptr, rows, row_end, on, VALID)
+            m = cur_ok[:, None] & col_ok[None, :]
             cur = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
+        if VALID:
+            n_read += cur_ok.to(tl.int32)
         v = cur.to(tl.float32)
         if MASKED:
             ok = tl.abs(v) < float("inf")  # false for +-inf and NaN; masked lanes load 0 (finite)
@@ -93,7 +110,9 @@ def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
         acc_s += tl.sum(v, axis=0)
         acc_q += tl.sum(v * v, axis=0)
         acc_m = tl.maximum(acc_m, tl.max(tl.abs(v), axis=0))
-    return acc_s, acc_q, acc_m, acc_bad
+    if VALID:
+        return acc_s, acc_q, acc_m, acc_bad, tl.sum(n_read, axis=0)
+    return acc_s, acc_q, acc_m, acc_bad, tl.maximum(row_end - row_start, 0)
 
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_prog", "num_chunks", "ring_size", "ring_stride"])
@@ -101,9 +120,9 @@ def _fingerprint_kernel(
     x_ptr, stride_row, stride_col,
     n_rows, rows_per_prog, num_chunks, num_col_blocks, hidden, num_slots,
     partial_ptr, ticket_ptr, ring_ptr, ring_stride, ring_size, stamp_ptr, seq_ptr,
-    acc_count_ptr, acc_sum_ptr, acc_sumsq_ptr,
+    acc_count_ptr, acc_sum_ptr, acc_sumsq_ptr, valid_ptr, enable_ptr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, VALID: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = num_slots * num_col_blocks * num_chunks
@@ -120,17 +139,23 @@ def _fingerprint_kernel(
 
     # Per-column running sums. With BLOCK_H = 8 x 32 x num_warps, each thread holds all BLOCK_N rows
     # of its 8 columns, so the row reductions stay inside the thread.
-    acc_s, acc_q, acc_m, acc_bad = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
-                                              BLOCK_N, BLOCK_H, PREFETCH, False)
+    on = True
+    if VALID:
+        on = tl.load(enable_ptr) != 0
+    acc_s, acc_q, acc_m, acc_bad, n_here = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
+                                                      valid_ptr, on, BLOCK_N, BLOCK_H, PREFETCH, False, VALID)
     if tl.sum((~(acc_q < float("inf"))).to(tl.int32), axis=0) > 0:  # a NaN/Inf (or overflow) in here
-        acc_s, acc_q, acc_m, acc_bad = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
-                                                  BLOCK_N, BLOCK_H, PREFETCH, True)
+        acc_s, acc_q, acc_m, acc_bad, n_here = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
+                                                          valid_ptr, on, BLOCK_N, BLOCK_H, PREFETCH, True,
+                                                          VALID)
 
-    # Partials are field-major ([4, num_programs]) so the final program's loads are contiguous.
+    # Partials are field-major ([4 or 5, num_programs]) so the final program's loads are contiguous.
     tl.store(partial_ptr + pid, tl.sum(acc_s, axis=0))
     tl.store(partial_ptr + num_programs + pid, tl.sum(acc_q, axis=0))
     tl.store(partial_ptr + 2 * num_programs + pid, tl.max(acc_m, axis=0))
     tl.store(partial_ptr + 3 * num_programs + pid, tl.sum(acc_bad, axis=0).to(tl.float32))
+    if VALID:  # the rows this program read: the digest's row count is their sum
+        tl.store(partial_ptr + 4 * num_programs + pid, n_here.to(tl.float32))
     tl.debug_barrier()
     # acq_rel: our partials are visible before the ticket; the last holder sees everyone's.
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
@@ -143,6 +168,7 @@ def _fingerprint_kernel(
         v_q = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
         v_m = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
         v_b = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
+        v_n = tl.zeros([BLOCK_P], dtype=tl.float32)
         for p0 in range(0, per_slot, BLOCK_P):  # all slots at once: one round trip per BLOCK_P partials
             idx = p0 + offs
             pm = k_ok[:, None] & (idx < per_slot)[None, :]
@@ -151,23 +177,31 @@ def _fingerprint_kernel(
             v_q += tl.load(p + num_programs, mask=pm, other=0.0, cache_modifier=".cg")
             v_m = tl.maximum(v_m, tl.load(p + 2 * num_programs, mask=pm, other=0.0, cache_modifier=".cg"))
             v_b += tl.load(p + 3 * num_programs, mask=pm, other=0.0, cache_modifier=".cg")
+            if VALID:  # slot 0's programs: every column block of every chunk counted its rows
+                v_n += tl.load(partial_ptr + 4 * num_programs + idx, mask=idx < per_slot, other=0.0,
+                               cache_modifier=".cg")
         bad = tl.sum(v_b, axis=1)
-        seq = tl.load(seq_ptr) + 1  # only this program of each launch touches the counter
-        row = seq % ring_size
-        out = ring_ptr + row * ring_stride + ks * 5
-        tl.store(out + 0, (n_rows * hidden).to(tl.float32) - bad, mask=k_ok)
-        tl.store(out + 1, tl.sum(v_s, axis=1), mask=k_ok)
-        tl.store(out + 2, tl.sum(v_q, axis=1), mask=k_ok)
-        tl.store(out + 3, tl.max(v_m, axis=1), mask=k_ok)
-        tl.store(out + 4, bad, mask=k_ok)
-        tl.store(seq_ptr, seq)
-        # Resetting the ticket with a release at system scope compiles to a system-wide fence
-        # before the exchange: the digest stores above reach host memory before the stamp below.
-        tl.atomic_xchg(ticket_ptr, 0, sem="release", scope="sys")
-        tl.store(stamp_ptr + row, seq)
+        rows_read = n_rows * 1.0
+        if VALID:
+            rows_read = tl.sum(v_n, axis=0) / num_col_blocks
+        if rows_read > 0:  # a masked launch that kept no row (disabled, or an idle batch) leaves no digest
+            seq = tl.load(seq_ptr) + 1  # only this program of each launch touches the counter
+            row = seq % ring_size
+            out = ring_ptr + row * ring_stride + ks * 5
+            tl.store(out + 0, rows_read * hidden - bad, mask=k_ok)
+            tl.store(out + 1, tl.sum(v_s, axis=1), mask=k_ok)
+            tl.store(out + 2, tl.sum(v_q, axis=1), mask=k_ok)
+            tl.store(out + 3, tl.max(v_m, axis=1), mask=k_ok)
+            tl.store(out + 4, bad, mask=k_ok)
+            tl.store(seq_ptr, seq)
+            # Resetting the ticket with a release at system scope compiles to a system-wide fence
+            # before the exchange: the digest stores above reach host memory before the stamp below.
+            tl.atomic_xchg(ticket_ptr, 0, sem="release", scope="sys")
+            tl.store(stamp_ptr + row, seq)
+        else:
+            tl.atomic_xchg(ticket_ptr, 0, sem="release")
 
     # Window sums last: fire-and-forget adds, so the ticket's release fence above does not wait for them.
-    n_here = tl.maximum(row_end - row_start, 0)
     acc_off = slot * hidden + cols
     tl.atomic_add(acc_sum_ptr + acc_off, acc_s, mask=col_ok, sem="relaxed")
     tl.atomic_add(acc_sumsq_ptr + acc_off, acc_q, mask=col_ok, sem="relaxed")
@@ -188,12 +222,15 @@ class RingTarget:
 class FingerprintWorkspace:
     """Everything one kernel launch touches besides its input and digest, allocated once.
 
-    ``acc`` holds the window's per-channel sums; ``digest`` is a device ``[K, 5]`` buffer for callers
+    ``acc`` holds the window's per-channel sums (pass another workspace's to add into the same
+    window: workspaces whose launches may overlap on different streams each need their own
+    scratch, the accumulators take atomic adds); ``digest`` is a device ``[K, 5]`` buffer for callers
     that don't pass their own output (graph capture), a one-row ring with its own counter.
     """
 
     def __init__(self, num_slots: int, hidden: int, device: torch.device | str,
-                 config: KernelConfig = DEFAULT_CONFIG, num_sms: int | None = None) -> None:
+                 config: KernelConfig = DEFAULT_CONFIG, num_sms: int | None = None,
+                 acc: ChannelAccumulators | None = None) -> None:
         device = torch.device(device)
         if num_slots < 1 or hidden < 1:
             raise ValueError(f"num_slots and hidden must be positive, got {num_slots}, {hidden}")
@@ -207,7 +244,7 @@ class FingerprintWorkspace:
             cuda = device.type == "cuda"
             num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
         self.num_sms = num_sms
-        self.acc = ChannelAccumulators(
+        self.acc = acc if acc is not None else ChannelAccumulators(
             torch.zeros((num_slots, hidden), dtype=torch.int32, device=device),
             torch.zeros((2, num_slots, hidden), dtype=torch.float32, device=device))
         self.digest = torch.zeros((num_slots, DIGEST_WIDTH), dtype=torch.float32, device=device)
@@ -248,11 +285,18 @@ def _spec(v: int) -> tuple[bool, bool, bool]:
 
 
 def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
-                      digest_out: torch.Tensor | None = None, ring: RingTarget | None = None) -> None:
+                      digest_out: torch.Tensor | None = None, ring: RingTarget | None = None,
+                      valid: torch.Tensor | None = None, enable: torch.Tensor | None = None) -> None:
     """Enqueue the fused kernel on the current stream: digest into the next row of ``ring``, or
     into ``digest_out`` (default ``ws.digest``; any ``[K, 5]`` float32 memory the GPU can write,
     pinned host memory included); per-channel sums added to ``ws.acc``. ``x`` must be ``[N, K*H]``
     with ``N >= 1``.
+
+    Masked launch (``valid``: ``N`` integers on the device, ``enable``: one int32 there, both read
+    when the kernel runs): only the rows whose ``valid`` entry is non-zero are read, and only while
+    ``enable`` is non-zero; the digest counts the rows read, and a launch that read none writes no
+    digest and leaves the ring's counter alone. What a launch recorded once into a CUDA graph needs
+    to fingerprint a padded batch that changes with every replay.
 
     The first launch per input specialisation goes through ``triton.jit`` (compiling if needed);
     later ones call the compiled kernel directly, skipping the JIT's per-call argument binding and
@@ -273,9 +317,10 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
     grid0 = ws.num_slots * ws.num_col_blocks * chunks
     cfg = ws.config
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    key = (x.dtype, x_ptr % 16 == 0, _spec(x.stride(0)), _spec(x.stride(1)), out.dtype, out_ptr % 16 == 0,
-           out.is_cuda, stamps.is_cuda)
-    compiled = ws._compiled.get(key)
+    masked = valid is not None
+    if masked and (enable is None or valid.dim() != 1 or valid.shape[0] < n or valid.dtype != torch.int64):
+        raise ValueError("a masked launch needs valid (int64, one entry per row of x) and enable")
+    compiled = ws._compiled.get(_specialisation(x, ring, valid))
     if compiled is not None:
         partials, ticket, count, sums, sumsq = ws._ptrs
         stream = _current_stream(x.device.index)
@@ -284,14 +329,32 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
                      x_ptr, x.stride(0), x.stride(1), n, rows_per, chunks, ws.num_col_blocks, ws.hidden,
                      ws.num_slots, partials, ticket, out_ptr if out.is_cuda else out, ring_stride, ring_size,
                      stamps.data_ptr() if stamps.is_cuda else stamps, ring.seq.data_ptr(), count, sums, sumsq,
-                     cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch)
+                     valid.data_ptr() if masked else ticket, enable.data_ptr() if masked else ticket,
+                     cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch, masked)
         return
     compiled = _fingerprint_kernel[(grid0,)](
         x, x.stride(0), x.stride(1),
         n, rows_per, chunks, ws.num_col_blocks, ws.hidden, ws.num_slots,
         ws._partials, ws._ticket, out, ring_stride, ring_size, stamps, ring.seq,
         ws.acc.count, ws.acc.sums[0], ws.acc.sums[1],
-        cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch,
+        valid if masked else ws._ticket, enable if masked else ws._ticket,  # unread unless masked
+        cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch, masked,
         num_warps=cfg.num_warps)
     if x.is_cuda and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-        ws._compiled[key] = compiled
+        ws._compiled[_specialisation(x, ring, valid)] = compiled
+
+
+def _specialisation(x: torch.Tensor, ring: RingTarget, valid: torch.Tensor | None) -> tuple:
+    """What a compiled kernel is specialised for, as far as the launches here vary it (Triton
+    specialises pointers on 16-byte alignment)."""
+    out, stamps = ring.digests, ring.stamps
+    return (x.dtype, x.data_ptr() % 16 == 0, _spec(x.stride(0)), _spec(x.stride(1)), out.dtype,
+            out.data_ptr() % 16 == 0, out.is_cuda, stamps.is_cuda,
+            None if valid is None else valid.data_ptr() % 16 == 0)
+
+
+def is_compiled(x: torch.Tensor, ws: FingerprintWorkspace, ring: RingTarget,
+                valid: torch.Tensor | None = None) -> bool:
+    """Whether this launch needs no compilation (nor Triton's JIT): the only kind of launch safe to
+    record while another library captures a CUDA graph."""
+    return _specialisation(x, ring, valid) in ws._compiled

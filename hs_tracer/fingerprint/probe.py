@@ -17,11 +17,22 @@ slot is taken: one fold took ~70 µs of numpy at K x H = 3 x 7168 on a 2-vCPU CP
 pinned window slot is still in flight, the device keeps accumulating and the next window covers them
 (counted in :attr:`window_skips`): nothing is lost, windows only get longer.
 
+Recorded into the target's graphs: under SGLang's CUDA graphs the draft input is an output of the
+target's verify graph, so the kernel can be part of that graph (:meth:`record_resident`, called
+while SGLang captures it) and the step path has nothing to launch: it notes the step in a ring of
+its own. The graph is captured for a padded batch; the kernel reads only the rows whose KV-cache
+slot is non-zero (SGLang zeroes the padding's slots on every replay and never hands out slot 0),
+counts them into the digest, and the drain checks that count against the rows the step path saw.
+Any disagreement, or stamps the step path never noted (a replay it did not see), stops the
+recorded kernels for good (:attr:`resident_fault`; a device flag read by the kernel) and the steps
+go back to a launch each.
+
 On CPU (testbed, CI) the same API runs the torch reference synchronously with float64 sums.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import TYPE_CHECKING
@@ -34,6 +45,12 @@ from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
 
 if TYPE_CHECKING:
     from hs_tracer.fingerprint.kernel import KernelConfig
+
+logger = logging.getLogger("hs_tracer")
+
+_RESIDENT_LEAD = 8
+"""Launches the target's graph may run ahead of the step path's notes (it notes a step once the
+graph replayed; one replay is in flight at most, the rest is margin)."""
 
 _WINDOW_SLOTS = 8
 """Pinned snapshot slots for closed windows: windows close at most every 0.1 s (the step path's
@@ -61,6 +78,7 @@ class FingerprintProbe:
                              f"{num_slots}, {hidden}, {ring_size}")
         self.num_slots = num_slots
         self.hidden = hidden
+        self._width = num_slots * hidden
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -99,6 +117,16 @@ class FingerprintProbe:
         self._capturing = launch.stream_capturing
         self._replays = self.launcher.replays_by_key
         self._idle: deque[int] = deque(maxlen=self.ring_size)  # N=0 steps: digest is known on the host
+        # Launches recorded into the target's graphs: scratch and ring of their own (their launches
+        # run inside SGLang's replays, possibly on another stream), the same window accumulators.
+        self._res_ws = kernel.FingerprintWorkspace(k, h, self.device, cfg, acc=self._acc)
+        self._res_ring = DigestRing(k, self.ring_size, self.device, pinned=True, lead=_RESIDENT_LEAD)
+        res = self._res_ring
+        self._res_target = kernel.RingTarget(res.digests, res.stamps, res.seq)
+        self._res_on = torch.ones(1, dtype=torch.int32, device=self.device)
+        self.resident: dict[int, int] = {}  # address of a graph output fingerprinted in its graph -> rows
+        self.resident_fault: str | None = None  # set by the drain; the step path then stops them
+        self.resident_mismatches = 0
         self._win_count = torch.zeros((_WINDOW_SLOTS, k, h), dtype=torch.int32, pin_memory=True)
         self._win_sums = torch.zeros((_WINDOW_SLOTS, 2, k, h), dtype=torch.float32, pin_memory=True)
         self._win_events = [torch.cuda.Event() for _ in range(_WINDOW_SLOTS)]
@@ -117,11 +145,13 @@ class FingerprintProbe:
                 self._win_snapshots = None
 
     def _warmup(self, dtype: torch.dtype) -> None:
-        """Compile the kernel and check that it can write the pinned ring; leaves no trace in the stats.
+        """Compile the kernel (plain and masked), check that it can write the pinned rings; no trace left.
 
         Pinned memory is device-addressable under unified addressing (every 64-bit CUDA platform),
         so the kernel's last program stores the 20-byte-per-slot digest and its stamp over the bus
         itself; the check below confirms that the bytes arrived."""
+        from hs_tracer.fingerprint.kernel import fingerprint_fused
+
         x = torch.ones((1, self.num_slots * self.hidden), dtype=dtype, device=self.device)
         stream = torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device):
@@ -133,6 +163,15 @@ class FingerprintProbe:
                 raise RuntimeError("the fingerprint kernel could not write its digest into pinned host "
                                    "memory; fingerprints need a GPU with unified addressing")
             self.launcher.direct = 0
+            # the masked launch recorded into the target's graphs, compiled now: nothing may compile
+            # while SGLang captures
+            self._res_ring.note(-1, 1)
+            fingerprint_fused(x, self._res_ws, ring=self._res_target,
+                              valid=torch.ones(1, dtype=torch.int64, device=self.device), enable=self._res_on)
+            stream.synchronize()
+            if [(t, int(raw[0, 0])) for _s, t, raw in self._res_ring.drain()] != [(1, self.hidden)]:
+                raise RuntimeError("the masked fingerprint launch did not write its digest")
+            self._res_ring.skip_launched()
             self._acc.reset()
             stream.synchronize()
 
@@ -153,8 +192,20 @@ class FingerprintProbe:
         itself. An input whose launch graph exists (it was checked when the graph was made) goes
         straight to the replay."""
         if self._cuda:
-            shape = x.shape
-            replay = self._replays.get((x.data_ptr(), shape, x.stride(), x.dtype))
+            ptr, shape = x.data_ptr(), x.shape
+            if ptr in self.resident and self.resident_fault is None and shape[-1] == self._width:
+                n = shape[0]  # the target's graph fingerprinted it: note the step, nothing to launch
+                if n:
+                    self._res_ring.note(step_id, n)
+                else:
+                    self._idle.append(step_id)
+                self.steps += 1
+                if self.window_steps:
+                    self._count_window_step()
+                return n
+            if self.resident_fault is not None and self.resident:
+                self._stop_resident()
+            replay = self._replays.get((ptr, shape, x.stride(), x.dtype))
             if replay is not None:
                 n = shape[0]
                 self._ring.note(step_id, n)
@@ -175,10 +226,13 @@ class FingerprintProbe:
             return n
         self.steps += 1
         if self.window_steps:
-            self._steps_in_window += 1
-            if self._steps_in_window >= self.window_steps:
-                self.end_window()
+            self._count_window_step()
         return n
+
+    def _count_window_step(self) -> None:
+        self._steps_in_window += 1
+        if self._steps_in_window >= self.window_steps:
+            self.end_window()
 
     def _checked_rows(self, x: torch.Tensor) -> int:
         """Rows of ``x`` if it is ``[N, K*H]`` on the probe's device, else -1 (counted); raises for
@@ -219,6 +273,45 @@ class FingerprintProbe:
             return
         self._ring.note(step_id, n)
         self.launcher.launch(x, n)
+
+    def record_resident(self, x: torch.Tensor, valid: torch.Tensor) -> bool:
+        """While the current stream captures a CUDA graph whose output ``x [P, K*H]`` (a padded batch)
+        becomes a later step's draft input: record the masked kernel into that graph, reading the
+        rows whose ``valid`` entry (P integers the graph's replays refill, 0 for padding) is
+        non-zero. Steps whose input is ``x`` (or a view of its first rows) then only note
+        themselves. False, recording nothing, where this cannot be done safely (not capturing, not
+        ``[P, K*H]`` on this device, or a kernel specialisation that would need compiling)."""
+        from hs_tracer.fingerprint import kernel
+
+        if not self._cuda or not self._capturing() or self.resident_fault is not None:
+            return False
+        shape = x.shape
+        if (len(shape) != 2 or shape[1] != self.num_slots * self.hidden or shape[0] < 1
+                or x.get_device() != self._index or valid.dim() != 1 or valid.shape[0] < shape[0]
+                or valid.get_device() != self._index):
+            return False
+        if valid.dtype != torch.int64:
+            valid = valid.to(torch.int64)  # recorded into the graph too
+        valid = valid[:shape[0]]
+        if not kernel.is_compiled(x, self._res_ws, self._res_target, valid):
+            return False
+        kernel.fingerprint_fused(x, self._res_ws, ring=self._res_target, valid=valid, enable=self._res_on)
+        self.resident[x.data_ptr()] = shape[0]
+        return True
+
+    def stop_resident(self, reason: str) -> None:
+        """Switch the launches recorded into the target's graphs off (from the thread and stream
+        that replay them): later replays read nothing, and steps launch their own kernel."""
+        self._fault(reason)
+        if self._cuda and self.resident:
+            self._stop_resident()
+
+    def _stop_resident(self) -> None:
+        """Step thread: the recorded launches read nothing from the next replay on (stream order)."""
+        self._res_on.zero_()
+        self.resident.clear()
+        logger.warning("hs_tracer: %s; the fingerprint kernel recorded into the target's CUDA graphs "
+                       "is switched off and each step launches its own", self.resident_fault)
 
     def end_window(self) -> None:
         """Close the current window: snapshot and zero the channel accumulators, without waiting."""
@@ -267,25 +360,58 @@ class FingerprintProbe:
                 out = list(self._ready)
                 self._ready.clear()
                 return out
-        out = self._ring.drain()
-        if self._idle:
-            empty = np.zeros((self.num_slots, DIGEST_WIDTH))
-            while self._idle:
-                out.append((self._idle.popleft(), 0, empty))
-            out.sort(key=lambda item: item[0])
-        return out
+        steps, tokens, raws = self.drain_block()
+        return list(zip(steps.tolist(), tokens.tolist(), raws, strict=True))
 
     def drain_block(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`drain_raw` as arrays, oldest first: step ids ``[n]``, tokens ``[n]`` (int64) and raw
-        sums ``[n, K, 5]`` (on CUDA straight from the ring, a few array operations per call)."""
-        if self._cuda and not self._idle:
-            return self._ring.drain_block()
-        out = self.drain_raw()
-        raws = np.zeros((len(out), self.num_slots, DIGEST_WIDTH))
-        for i, (_step, _tokens, raw) in enumerate(out):
-            raws[i] = raw
-        return (np.fromiter((step for step, _t, _r in out), np.int64, len(out)),
-                np.fromiter((tokens for _s, tokens, _r in out), np.int64, len(out)), raws)
+        sums ``[n, K, 5]`` (on CUDA straight from the rings, a few array operations per call)."""
+        if not self._cuda:
+            out = self.drain_raw()
+            raws = np.zeros((len(out), self.num_slots, DIGEST_WIDTH))
+            for i, (_step, _tokens, raw) in enumerate(out):
+                raws[i] = raw
+            return (np.fromiter((step for step, _t, _r in out), np.int64, len(out)),
+                    np.fromiter((tokens for _s, tokens, _r in out), np.int64, len(out)), raws)
+        blocks = [self._ring.drain_block()]
+        if self._res_ring.launched:
+            blocks.append(self._drain_resident())
+        if self._idle:
+            idle = np.array([self._idle.popleft() for _ in range(len(self._idle))], dtype=np.int64)
+            blocks.append((idle, np.zeros_like(idle), np.zeros((idle.size, self.num_slots, DIGEST_WIDTH),
+                                                              dtype=np.float32)))
+        if len(blocks) == 1:
+            return blocks[0]
+        steps, tokens, raws = (np.concatenate(parts) for parts in zip(*blocks, strict=True))
+        order = np.argsort(steps, kind="stable")
+        return steps[order], tokens[order], raws[order]
+
+    def _drain_resident(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The resident ring's landed digests whose row count (the kernel's, from the KV slots)
+        matches the rows the step path saw; a mismatch, launches nobody noted, or notes that never
+        land set :attr:`resident_fault` (the step path then switches the recorded launches off)."""
+        ring = self._res_ring
+        steps, tokens, raws = ring.drain_block()
+        if steps.size:
+            read = (raws[:, 0, 0] + raws[:, 0, 4]) / self.hidden  # rows the kernel read
+            ok = np.abs(read - tokens) < 0.5
+            if not ok.all():
+                bad = int(np.flatnonzero(~ok)[0])
+                self.resident_mismatches += int(np.count_nonzero(~ok))
+                self._fault(f"the target's graph fingerprinted {read[bad]:.0f} rows of step {steps[bad]}, "
+                            f"the step path saw {tokens[bad]}")
+                steps, tokens, raws = steps[ok], tokens[ok], raws[ok]
+        ahead = ring.device_ahead()
+        if ahead > ring.lead:
+            self._fault(f"the target's graphs ran the fingerprint kernel {ahead} times more than the "
+                        f"steps the step path saw")
+        elif ring.pending() > ring.size // 4:
+            self._fault(f"{ring.pending()} steps noted for the target's graphs were never fingerprinted")
+        return steps, tokens, raws
+
+    def _fault(self, reason: str) -> None:
+        if self.resident_fault is None:
+            self.resident_fault = reason
 
     def digest_of(self, tokens: int, raw: np.ndarray) -> StepDigest:
         """The digest of raw sums from :meth:`drain_raw` (count made exact on the host)."""
@@ -293,8 +419,13 @@ class FingerprintProbe:
 
     @property
     def dropped(self) -> int:
-        """Steps whose digest was overwritten before it was drained (the ring is bounded)."""
-        return self._ring.dropped if self._cuda else self._dropped
+        """Steps whose digest was overwritten before it was drained (the rings are bounded)."""
+        return self._ring.dropped + self._res_ring.dropped if self._cuda else self._dropped
+
+    @property
+    def resident_steps(self) -> int:
+        """Steps fingerprinted by the kernel recorded into the target's graphs so far."""
+        return self._res_ring.launched if self._cuda else 0
 
     def read_window(self, block: bool = False) -> ChannelStats | None:
         """Per-channel stats of the windows whose snapshot has landed since the last read, merged

@@ -12,6 +12,11 @@ with a fixed number of array operations whatever the number of rows. Since the n
 an unchanged note proves the copy was taken before anything could overwrite the row. Rows
 overwritten before they were read (the consumer more than R launches behind) are counted in
 :attr:`dropped`.
+
+A launch recorded into someone else's CUDA graph (the target model's) runs before the producer can
+note it: the note follows the launch. The device may then be up to ``lead`` launches past the last
+note, so rows within ``lead`` of being reused count as lost, and :meth:`device_ahead` tells how far
+past the notes the device's stamps have got (more than ``lead``: launches nobody noted).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ class DigestRing:
     """``size`` rows of ``[K, 5]`` float32 digests plus int64 stamps, in pinned host memory when
     ``pinned`` (the GPU writes them over the bus), and the device-side launch counter."""
 
-    def __init__(self, num_slots: int, size: int, device: torch.device, pinned: bool) -> None:
-        if size < 1:
-            raise ValueError(f"ring size must be positive, got {size}")
+    def __init__(self, num_slots: int, size: int, device: torch.device, pinned: bool, lead: int = 0) -> None:
+        if size < 1 or not 0 <= lead < size:
+            raise ValueError(f"ring size must be positive and lead in [0, size), got {size}, {lead}")
         self.num_slots = num_slots
         self.size = size
+        self.lead = lead
         width = num_slots * DIGEST_WIDTH
         # Rows padded to 16 bytes: every row has the alignment the kernel was compiled for.
         self.digests = torch.zeros((size, -(-width // 4) * 4), dtype=torch.float32, pin_memory=pinned)
@@ -83,8 +89,8 @@ class DigestRing:
         (float32). Never waits. The stamps of all rows due are compared at once and the landed rows
         copied in one go (a batch of steps costs about what one did)."""
         with self._read_lock:
-            last, nxt, size = self.launched, self._next, self.size
-            if last - nxt + 1 > size:  # rows already reused by later launches
+            last, nxt, size = self.launched, self._next, self.size - self.lead
+            if last - nxt + 1 > size:  # rows already reused by later launches (or about to be)
                 self.dropped += last - size + 1 - nxt
                 nxt = last - size + 1
             if nxt > last:
@@ -105,6 +111,15 @@ class DigestRing:
         if kept == n:
             return steps, tokens, raws
         return steps[ok], tokens[ok], raws[ok]
+
+    def pending(self) -> int:
+        """Launches noted and not landed when the consumer last looked."""
+        return self.launched - self._next + 1
+
+    def device_ahead(self) -> int:
+        """How many launches the device has stamped past the last note (the latest stamp minus the
+        last launch number noted; negative while noted launches are still to run)."""
+        return int(self._stamps.max()) - self.launched
 
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)

@@ -82,6 +82,7 @@ def read_target(st: TracerState, runner: Any) -> None:
     st.target_logits_processor = getattr(inner, "logits_processor", None)
     st.target_device = _device(runner)
     st.target_dtype = getattr(runner.model_config, "dtype", None)
+    st.prepare_probes()  # before SGLang captures the target's graphs
     st.write_report()
 
 
@@ -130,9 +131,15 @@ def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, 
 
 
 @hook
-def after_logits_forward(st: TracerState, result: Any, processor: Any, *_args: Any, **_kwargs: Any) -> None:
-    """The width of the features the target's logits processor hands on to the draft."""
-    if st.handoff_widths_seen >= st.CAPTURE_SAMPLES or processor is not st.target_logits_processor:
+def after_logits_forward(st: TracerState, result: Any, processor: Any, *args: Any, **kwargs: Any) -> None:
+    """The width of the features the target's logits processor hands on to the draft; during startup
+    (SGLang captures the target's CUDA graphs then) the fingerprint kernel goes into each
+    target-verify graph (state.py: ``record_in_graph``)."""
+    if processor is not st.target_logits_processor:
+        return
+    if st.wiring is None:
+        st.record_in_graph(result, args[3] if len(args) > 3 else kwargs.get("logits_metadata"))
+    if st.handoff_widths_seen >= st.CAPTURE_SAMPLES:
         return
     hidden = getattr(result, "hidden_states", None)
     if hidden is not None and hidden.dim() == 2:

@@ -66,6 +66,7 @@ class TracerState:
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _report_file: ReportFile | None = None
+    _probes: tuple[FingerprintProbe | None, FingerprintProbe | None] | None = None  # (decode, prefill)
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
     RING_SIZE: ClassVar[int] = 4096  # digest ring rows: steps the recorder may fall behind between batches
@@ -118,6 +119,7 @@ class TracerState:
         from hs_tracer.diagnosis import wiring as static
         from hs_tracer.integrations.sglang.versions import installed_version
 
+        was_emitting = self._probes is not None and self.emitting
         self.ranks, self.emitting = _ranks()
         self.role = _role()
         t = self.target
@@ -134,7 +136,7 @@ class TracerState:
             from hs_tracer.export.recorder import Recorder
             from hs_tracer.integrations.sglang.steps import StepPath
 
-            decode, prefill = self._make_probes()
+            decode, prefill = self._probes if self._probes is not None else self._make_probes()
             self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks,
                                   self.config.queue_size)
             if self.config.capture_dir is not None:
@@ -144,7 +146,32 @@ class TracerState:
                                          self.config.capture_max_bytes, self.ranks, t.get("model_path"))
             self.recorder = Recorder(self)
             self.recorder.start()
+        elif was_emitting and self._probes[0] is not None:  # built on a rank that turned out not to emit
+            self._probes[0].stop_resident("this rank does not emit")
         self.write_report()
+
+    def prepare_probes(self) -> None:
+        """Build the probes as soon as the target is known: before SGLang captures the target's CUDA
+        graphs, which the decode probe records its kernel into (:meth:`record_in_graph`)."""
+        if self._probes is not None or not self.target:
+            return
+        self.ranks, self.emitting = _ranks()
+        self.role = _role()
+        self._probes = self._make_probes() if self.emitting else (None, None)
+
+    def record_in_graph(self, logits: Any, batch: Any) -> None:
+        """The target's logits processor returned ``logits`` for ``batch`` (SGLang's ForwardBatch):
+        if SGLang is capturing a target-verify graph, record the decode probe's kernel into it, over
+        the draft input it hands over, reading the rows whose KV-cache slot is non-zero."""
+        probe = self._probes[0] if self._probes is not None else None
+        if probe is None or not self.config.in_graph:
+            return
+        mode = getattr(batch, "forward_mode", None)
+        if mode is None or not mode.is_target_verify():
+            return
+        hidden, slots = getattr(logits, "hidden_states", None), getattr(batch, "out_cache_loc", None)
+        if isinstance(hidden, torch.Tensor) and isinstance(slots, torch.Tensor):
+            probe.record_resident(hidden, slots)
 
     def _trained_sources(self) -> list[str] | None:
         from hs_tracer.profile.model import Profile
@@ -158,10 +185,11 @@ class TracerState:
         first request compiles and synchronises nothing. Sized for the width the target hands
         over: K*H with aux states, else H."""
         from hs_tracer.fingerprint.probe import FingerprintProbe
+        from hs_tracer.integrations.sglang.versions import installed_version
 
-        assert self.wiring is not None
-        hidden = self.wiring.hidden_size
-        slots = len(self.wiring.sources) if self.aux.get("use_aux_hidden_state", True) else 1
+        wiring = self.wiring or wiring_record(self.target, self.aux, {}, {}, installed_version() or "")
+        hidden = wiring.hidden_size
+        slots = len(wiring.sources) if self.aux.get("use_aux_hidden_state", True) else 1
         if hidden <= 0 or slots <= 0:
             return None, None
         device, dtype = self.target_device, self.target_dtype

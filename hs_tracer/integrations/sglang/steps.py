@@ -205,10 +205,11 @@ class StepPath:
             self._observe(self.decode, features, step, started)
         self._host_s += perf_counter() - started
 
-    def launch_counts(self) -> dict[str, dict[str, int]]:
+    def launch_counts(self) -> dict[str, dict[str, Any]]:
         """How each CUDA probe launched its kernel so far (graph replays, direct launches, graphs
-        kept) and how many windows it closed: what the step path's host time depends on. A combined
-        instance has one probe, listed as "decode"."""
+        kept; steps fingerprinted inside the target's own graphs, how many such graphs, and why they
+        were switched off, if they were) and how many windows it closed: what the step path's host
+        time depends on. A combined instance has one probe, listed as "decode"."""
         probes = [("decode", self.decode)]
         if self.prefill is not self.decode:
             probes.append(("prefill", self.prefill))
@@ -216,8 +217,11 @@ class StepPath:
         for name, windowed in probes:
             launcher = getattr(windowed.probe, "launcher", None) if windowed is not None else None
             if launcher is not None:
+                probe = windowed.probe
                 out[name] = {"graph_replays": launcher.replays, "direct": launcher.direct,
-                             "graphs": launcher.graphs, "windows_closed": windowed.closes}
+                             "graphs": launcher.graphs, "windows_closed": windowed.closes,
+                             "in_graph_steps": probe.resident_steps, "in_graph_graphs": len(probe.resident),
+                             "in_graph_fault": probe.resident_fault}
         return out
 
     def observe_prefill(self, features: Any, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:

@@ -80,7 +80,8 @@ _V2_WORKER_HOOKS = (
 )
 _V2_PREFILL_PARAMS = ("batch", "target_hidden_states", "next_token_ids")
 
-_LOGITS_HOOK = Hook(_LOGITS, "after", f"{_HOOKS}:after_logits_forward", reads=("hidden_states",))
+_LOGITS_HOOK = Hook(_LOGITS, "after", f"{_HOOKS}:after_logits_forward", ("logits_metadata",),
+                    ("hidden_states", "logits_metadata.forward_mode", "logits_metadata.out_cache_loc"))
 
 FAMILIES: tuple[ReleaseFamily, ...] = (
     ReleaseFamily(

@@ -10,18 +10,25 @@ Checks, each on fresh random inputs (the seed is printed):
    for many steps with no sync and no device allocation, graph-replayed and direct launches, bounded ring;
 4. CUDA graphs: the kernel and ``probe.observe`` captured and replayed on changing inputs;
 5. an input whose launch graph exists, observed while the stream captures a graph: the replay is
-   refused (the capture check comes first), the kernel goes into the capture, the ring stays in step.
+   refused (the capture check comes first), the kernel goes into the capture, the ring stays in step;
+6. the kernel recorded into a "target" graph over a padded batch (``record_resident``): replays
+   with changing real row counts (KV slots 0 for padding) and an idle one, the step path only
+   noting steps under ``set_sync_debug_mode("error")``, digests and window sums against float64
+   over the real rows only; then a step whose row count disagrees with the graph's: the drain
+   flags it, the next step switches the recorded kernel off and launches its own.
 Writes gpu_check_fingerprint.json and .log under --out; exits 1 if any check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import platform
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -312,6 +319,87 @@ def check_replay_under_capture(rng: np.random.Generator) -> dict:
             "dropped": probe.dropped, "failures": failures}
 
 
+@contextlib.contextmanager
+def sync_errors() -> Iterator[None]:
+    """Any host-device synchronisation inside raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def check_in_graph(rng: np.random.Generator) -> dict:
+    k, h, padded = 3, 1024, 48
+    probe = FingerprintProbe(k, h, DEV, ring_size=16)
+    src = torch.zeros((padded, k * h), dtype=torch.bfloat16, device=DEV)
+    slots = torch.zeros(padded, dtype=torch.int64, device=DEV)
+    failures = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        out = src * 1  # graph-private output, like the target's draft input
+        recorded = probe.record_resident(out, slots)
+    if not recorded or probe.resident != {out.data_ptr(): padded}:
+        failures.append(f"record_resident returned {recorded}, resident {probe.resident}")
+    real = []
+
+    def step(step_id: int, n: int, seen: int | None = None) -> int:
+        x_cpu = random_draft_input(rng, padded, k, h, torch.bfloat16)
+        src.copy_(x_cpu.to(DEV))
+        slots.zero_()
+        slots[:n] = torch.arange(5, 5 + n, device=DEV)
+        g.replay()
+        with sync_errors():
+            rows = probe.observe_rows(out[:n if seen is None else seen], step_id)
+        if n:
+            real.append((step_id, x_cpu[:n]))
+        return rows
+
+    launches = (probe.launcher.direct, probe.launcher.replays)
+    counts = [step(i + 1, n) for i, n in enumerate((48, 5, 17, 0, 32, 1))]
+    if counts != [48, 5, 17, 0, 32, 1] or (probe.launcher.direct, probe.launcher.replays) != launches:
+        failures.append(f"step path returned {counts} and launched {probe.launcher.direct - launches[0]} "
+                        f"direct, {probe.launcher.replays - launches[1]} replays (expected none)")
+    probe.end_window()
+    torch.cuda.synchronize()
+    got = probe.drain_raw()
+    if [(s, t) for s, t, _ in got] != [(1, 48), (2, 5), (3, 17), (4, 0), (5, 32), (6, 1)]:
+        failures.append(f"drained {[(s, t) for s, t, _ in got]}")
+    by_step = {s: raw for s, _t, raw in got}
+    for step_id, x_cpu in real:
+        ref_raw, _, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
+        d = digest_errors(by_step.get(step_id, np.zeros((k, 5))).astype(np.float64), ref_raw, abs_sum)
+        if not within_tolerance(d, RTOL["float32"]):
+            failures.append(f"step {step_id}: {d}")
+    _, ref_stats, abs_sum = fingerprint_float64(torch.cat([x for _, x in real]).double().numpy(), k, h)
+    c = channel_errors(probe.read_window(block=True), ref_stats, abs_sum)
+    if not within_tolerance(c, RTOL["float32"]):
+        failures.append(f"window over the real rows: {c}")
+    # The step path sees 9 rows where the graph read 7: flagged by the drain, switched off next step.
+    step(7, 7, seen=9)
+    torch.cuda.synchronize()
+    probe.drain_raw()
+    fault = probe.resident_fault
+    direct = probe.launcher.direct
+    step(8, 12)
+    torch.cuda.synchronize()
+    after = probe.drain_raw()
+    if fault is None or probe.resident or probe.launcher.direct != direct + 1:
+        failures.append(f"mismatch: fault {fault!r}, resident {probe.resident}, direct "
+                        f"{probe.launcher.direct - direct}")
+    if [(s, t) for s, t, _ in after] != [(8, 12)]:
+        failures.append(f"after the switch-off drained {[(s, t) for s, t, _ in after]}")
+    else:
+        ref_raw, _, abs_sum = fingerprint_float64(real[-1][1].double().numpy(), k, h)
+        d = digest_errors(after[0][2].astype(np.float64), ref_raw, abs_sum)
+        if not within_tolerance(d, RTOL["float32"]):
+            failures.append(f"step 8 (launched directly): {d}")
+    return {"resident_steps": probe.resident_steps, "mismatches": probe.resident_mismatches,
+            "fault": fault, "channel_errors": c, "failures": failures}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -324,7 +412,7 @@ def main() -> int:
     ok = True
     for name, fn in (("kernel_vs_float64", check_kernel_vs_float64), ("determinism", check_determinism),
                      ("probe_no_sync", check_probe_no_sync), ("graph_capture", check_graph_capture),
-                     ("replay_under_capture", check_replay_under_capture)):
+                     ("replay_under_capture", check_replay_under_capture), ("in_graph", check_in_graph)):
         try:
             res = fn(rng)
         except Exception:

@@ -190,36 +190,70 @@ def step_inputs(n: int, device: torch.device) -> tuple[SimpleNamespace, SimpleNa
     return SimpleNamespace(reqs=reqs), SimpleNamespace(reqs=reqs[:]), results
 
 
+def target_graph(st: state.TracerState, results: list[SimpleNamespace], launch: str):
+    """SGLang's target-verify CUDA graph as the step path meets it: replayed once per step before the
+    hooks, its output (here the static draft input) the draft's input. Returns the replays for the
+    plain and the traced calls. ``launch="in_graph"``: the traced calls' graph also holds the probe's
+    kernel, recorded while it is captured as the plugin records it into SGLang's (over every row:
+    all KV slots non-zero), so the launch hook only notes the step; ``"replay"``: both graphs are
+    the same and the launch hook replays the probe's own launch graph. On CPU, no graph."""
+    features = results[0].logits_output.hidden_states
+    if features.device.type != "cuda":
+        return (lambda: None), (lambda: None)
+    probe = st.steps.decode.probe
+    probe.resident.clear()  # the previous N's graph and buffers are gone
+    slots = torch.arange(1, features.shape[0] + 1, dtype=torch.int64, device=features.device)
+    graphs = []
+    side = torch.cuda.Stream()
+    for traced in (False, True):
+        side.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side):
+            slots.add_(0)  # the target's own work, reduced to one small kernel
+            if traced and launch == "in_graph":
+                assert probe.record_resident(features, slots), "the probe refused to record into the graph"
+        graphs.append(g)
+    torch.cuda.synchronize()
+    return graphs[0].replay, graphs[1].replay
+
+
 def fresh_accept(result: SimpleNamespace, bs: int) -> None:
     """SGLang hands over a fresh CPU tensor of accept lengths every step."""
     result.accept_lens = torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32)
 
 
-def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int, rounds: int) -> dict:
-    """Per step, SGLang's overlap order: launch step i (draft extend), then resolve step i - 1.
-    "fallback": launch and resolve of one step back to back (SGLang processed the result before
-    the next launch, e.g. a prefill came in between): every request is tested."""
+def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int, rounds: int,
+                launch: str) -> dict:
+    """Per step, SGLang's overlap order: the target's graph replays, launch step i (draft extend),
+    then resolve step i - 1 (the replay is timed with the calls, plain and traced alike: with
+    ``launch="in_graph"`` the traced graph holds the probe's kernel). "fallback": launch and resolve
+    of one step back to back (SGLang processed the result before the next launch, e.g. a prefill
+    came in between): every request is tested."""
     running, snapshot, results = step_inputs(n, device)
     bs = len(running.reqs)
     cuda = device.type == "cuda"
     accepts = [torch.randint(1, DRAFT_TOKENS + 1, (bs,), dtype=torch.int32) for _ in range(64)]
     state_ = {"i": 0}
+    target_plain, target_traced = target_graph(st, results, launch)
 
     def plain() -> None:
         i = state_["i"] = state_["i"] + 1
+        target_plain()
         draft_extend_for_decode(None, running, results[i % 2])
         resolve_spec_v2_tokens(PROCESSOR, results[(i - 1) % 2], snapshot)
 
     def traced() -> None:
         i = state_["i"] = state_["i"] + 1
+        target_traced()
         TRACED_DECODE(None, running, results[i % 2])
         TRACED_RESOLVE(PROCESSOR, results[(i - 1) % 2], snapshot)
 
     def fallback() -> None:
+        target_traced()
         TRACED_DECODE(None, running, results[0])
         TRACED_RESOLVE(PROCESSOR, results[0], snapshot)
 
-    def decode_only() -> None:  # the launch hook alone (the result hook untimed, after it)
+    def decode_only() -> None:  # the launch hook alone (the replay before it and the result hook untimed)
         i = state_["i"] = state_["i"] + 1
         TRACED_DECODE(None, running, results[i % 2])
         state_["pending"] = results[(i - 1) % 2]
@@ -232,6 +266,7 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
         split: dict[str, list[int]] = {"decode": [], "resolve": []}
         for i in range(steps):  # each hook timed on its own, in the overlap order
             results[0].accept_lens = results[1].accept_lens = accepts[i % 64]
+            target_traced()
             for name, fn in (("decode", decode_only), ("resolve", resolve_only)):
                 t0 = time.perf_counter_ns()
                 fn()
@@ -271,8 +306,11 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
         launcher, ring = probe.launcher, probe._ring
         torch.cuda.synchronize()
         # every launch noted on the host ran on the device (the kernel counts its runs)
-        out.update(graph_replays=launcher.replays, direct_launches=launcher.direct, graphs=launcher.graphs,
-                   ring_noted=ring.launched, ring_ran=int(ring.seq.item()),
+        res = probe._res_ring
+        out.update(launch=launch, graph_replays=launcher.replays, direct_launches=launcher.direct,
+                   graphs=launcher.graphs, ring_noted=ring.launched, ring_ran=int(ring.seq.item()),
+                   in_graph_noted=res.launched, in_graph_ran=int(res.seq.item()),
+                   in_graph_fault=probe.resident_fault,
                    graph_launch_way=sorted({g.way for g in launcher._graphs.values()}))
     return out
 
@@ -298,10 +336,11 @@ def busy_iterations(us: float) -> int:
 
 
 def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, blocks: int,
-               python_us: float, gpu_us: float) -> dict:
+               python_us: float, gpu_us: float, launch: str) -> dict:
     from hs_tracer.export.recorder import Recorder
 
     running, snapshot, results = step_inputs(n, device)
+    target_plain, target_traced = target_graph(st, results, launch)
     bs = len(running.reqs)
     cuda = device.type == "cuda"
     done = torch.cuda.Event() if cuda else None
@@ -314,10 +353,12 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
         step i - 1 and run the scheduler's Python while the GPU works, then wait for step i."""
         decode = TRACED_DECODE if traced else draft_extend_for_decode
         resolve = TRACED_RESOLVE if traced else resolve_spec_v2_tokens
+        target = target_traced if traced else target_plain
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i in range(count):
+            target()
             decode(None, running, results[i % 2])
             if cuda:
                 torch.cuda._sleep(cycles)
@@ -362,7 +403,7 @@ def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, 
     assert st.enabled, st.disabled_reason
     lost = [b - a for a, b in zip(off, on, strict=True)]
     quartiles = statistics.quantiles(lost, n=4)
-    return {"N": n, "batch": bs, "steps_per_block": steps, "blocks": blocks,
+    return {"N": n, "batch": bs, "launch": launch, "steps_per_block": steps, "blocks": blocks,
             "python_us": python_us, "gpu_us": gpu_us,
             "step_us_off": statistics.median(off), "step_us_on": statistics.median(on),
             "lost_us_per_step": statistics.median(lost), "lost_us_mean": statistics.fmean(lost),
@@ -445,32 +486,34 @@ def markdown(res: dict) -> str:
              f"Machine: {m['host']}, {m['cpu']} ({m['cores']} cores), {m['gpu']}; Python {m['python']}, "
              f"torch {m['torch']}; switch interval {res['switch_interval_s'] * 1e3:g} ms. "
              f"Method: benchmarks/hook_overhead.py docstring (exporters: {res['exporters']}; they run in "
-             f"{where}). Target: <= 10 µs per step at every N.", "",
-             "Headline (loop): the full per-step host figure a user pays: what the scheduler thread "
-             "loses per step with the tracer on, the hooks and the GIL time of the tracer's threads in "
-             "the scheduler process included (GPU work overlaps the scheduler's Python, as in SGLang's "
-             "overlap scheduler, so no GPU time is in it).", "",
-             "| N | batch | step µs off | step µs on | lost µs/step (median of pairs) | mean, quartiles "
-             "| recorder thread CPU "
-             "µs/step | export process CPU µs/step (10 ms ticks) | hooks alone µs (hooked - unhooked) "
-             "| launch hook / result hook µs | unhooked µs | meets 10 µs "
+             f"{where}). Probe launch: {res['args'].get('launch', 'replay')}. Target: <= 10 µs per "
+             "step at every N.", "",
+             "Headline: what hs_tracer costs the scheduler thread per step, the hooks (hooked - unhooked, "
+             "the target graph's replay in both) plus the recorder thread's CPU per step (it shares the "
+             "scheduler's GIL). The loop columns measure the same as a scheduler loop's lost time "
+             "(GPU work overlaps the scheduler's Python, as in SGLang's overlap scheduler); their "
+             "spread shows how much the median of a few block pairs can be trusted.", "",
+             "| N | batch | hooks + recorder µs/step | meets 10 µs | hooks alone µs (hooked - unhooked) "
+             "| launch hook / result hook µs | recorder thread CPU µs/step | unhooked µs "
+             "| step µs off | step µs on | lost µs/step (median of pairs) | mean, quartiles "
+             "| export process CPU µs/step (10 ms ticks) "
              "| hooks alone, every request tested (fallback) µs |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"]
+             "|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     hooks_by_n = {r["N"]: r for r in res["hooks"]}
     nan = float("nan")
     for n in sorted({r["N"] for r in res["loop"]} | set(hooks_by_n)):
         r = next((row for row in res["loop"] if row["N"] == n), {})
         h = hooks_by_n.get(n, {})
-        worst = max(r.get("lost_us_per_step", 0.0), h.get("hs_tracer_us", 0.0))
+        total = h.get("hs_tracer_us", nan) + r.get("recorder_cpu_us_per_step", nan)
         export_cpu = r.get("export_process_cpu_us_per_step")
-        lines.append(f"| {n} | {r.get('batch', h.get('batch'))} | {r.get('step_us_off', nan):.1f} | "
+        lines.append(f"| {n} | {r.get('batch', h.get('batch'))} | {total:.1f} | "
+                     f"{('yes' if total <= 10 else 'NO') if r and h else '-'} | "
+                     f"{h.get('hs_tracer_us', nan):.1f} | {h.get('decode_hook_us', nan):.1f} / "
+                     f"{h.get('resolve_hook_us', nan):.1f} | {r.get('recorder_cpu_us_per_step', nan):.1f} | "
+                     f"{h.get('unhooked_us', nan):.2f} | {r.get('step_us_off', nan):.1f} | "
                      f"{r.get('step_us_on', nan):.1f} | {r.get('lost_us_per_step', nan):.1f} | "
                      f"{r.get('lost_us_mean', nan):.1f}, {_span(r.get('lost_us_quartiles'))} | "
-                     f"{r.get('recorder_cpu_us_per_step', nan):.1f} | "
                      f"{'-' if export_cpu is None else f'{export_cpu:.0f}'} | "
-                     f"{h.get('hs_tracer_us', nan):.1f} | {h.get('decode_hook_us', nan):.1f} / "
-                     f"{h.get('resolve_hook_us', nan):.1f} | {h.get('unhooked_us', nan):.2f} | "
-                     f"{('yes' if worst <= 10 else 'NO') if r else '-'} | "
                      f"{h.get('hs_tracer_fallback_us', nan):.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -498,6 +541,9 @@ def main() -> int:
     ap.add_argument("--skip-loop", action="store_true")
     ap.add_argument("--export", choices=("process", "thread"), default=TracerConfig().export,
                     help="where the exporters run (HS_TRACER_EXPORT; default: its default)")
+    ap.add_argument("--launch", choices=("in_graph", "replay"), default="in_graph",
+                    help="CUDA: the probe's kernel recorded into the target's graph (HS_TRACER_IN_GRAPH's "
+                         "default) or launched by the hook, a replay of its own graph")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -523,13 +569,14 @@ def main() -> int:
             "exporters": ", ".join(exporters), "args": {k: str(v) for k, v in vars(args).items()},
             "hooks": [], "loop": []}
         if not args.skip_hooks:
-            bench_hooks(st, ns[0], device, max(100, args.steps // 4), 1)  # warm-up, not reported
+            bench_hooks(st, ns[0], device, max(100, args.steps // 4), 1, args.launch)  # warm-up, not reported
             for n in ns:
-                row = bench_hooks(st, n, device, args.steps, args.rounds)
+                row = bench_hooks(st, n, device, args.steps, args.rounds, args.launch)
                 res["hooks"].append(row)
                 print(json.dumps(row), flush=True)
         for n in () if args.skip_loop else ns:
-            row = bench_loop(st, n, device, args.loop_steps, args.blocks, args.python_us, args.gpu_us)
+            row = bench_loop(st, n, device, args.loop_steps, args.blocks, args.python_us, args.gpu_us,
+                             args.launch)
             res["loop"].append(row)
             print(json.dumps(row), flush=True)
     finally:

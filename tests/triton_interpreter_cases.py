@@ -220,11 +220,12 @@ def test_step_launcher_ring_and_graph_promotion(kernel, rng) -> None:
     assert ring.drain() == [] and ring.dropped == dropped + 2
 
 
-def test_masked_launch_reads_only_the_valid_rows(kernel, rng) -> None:
-    """The launch recorded into a padded CUDA graph: rows whose ``valid`` entry is 0 (padding, in any
-    position) are not read, the digest counts the rows read, a launch that reads no row (every entry
-    0, or ``enable`` off) writes no digest and does not advance the ring, and window sums add only
-    what was read."""
+def test_masked_launch_reads_only_the_real_rows(kernel, rng) -> None:
+    """The launch recorded into a padded CUDA graph: only the leading rows whose ``valid`` entry is
+    non-zero (real rows; the padding after them is 0) are read and counted, a launch that reads no
+    row (every entry 0, or ``enable`` off) writes no digest and does not advance the ring, real rows
+    that are not a prefix are not read and the digest counts -1 rows, and window sums add only what
+    was read."""
     from hs_tracer.fingerprint.ring import DigestRing
 
     gen, seed = rng
@@ -233,28 +234,39 @@ def test_masked_launch_reads_only_the_valid_rows(kernel, rng) -> None:
     ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=3)
     ring = DigestRing(k, 8, torch.device("cpu"), pinned=False)
     target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
-    padded = random_draft_input(gen, 24, k, h, torch.bfloat16)
-    valid = torch.zeros(24, dtype=torch.int64)
+    padded = random_draft_input(gen, 40, k, h, torch.bfloat16)  # more rows than one valid block (32)
+    valid = torch.zeros(40, dtype=torch.int64)
     enable = torch.ones(1, dtype=torch.int32)
     kept = []
-    for step, rows in enumerate([np.arange(5), np.array([0, 3, 4, 11, 23]), np.arange(24)]):
+    for step, n in enumerate([5, 33, 40, 1]):
         valid.zero_()
-        valid[torch.from_numpy(rows)] = torch.from_numpy(rows + 7)  # KV slots: never 0 for a real row
-        padded[torch.from_numpy(np.setdiff1d(np.arange(24), rows))] = float("nan")  # never read
-        ring.note(step, rows.size)
+        valid[:n] = torch.arange(7, 7 + n)  # KV slots: never 0 for a real row
+        padded[n:] = float("nan")  # padding: never read
+        ring.note(step, n)
         kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
-        kept.append((step, padded[torch.from_numpy(rows)].clone()))
-        padded.copy_(random_draft_input(gen, 24, k, h, torch.bfloat16))
+        kept.append((step, padded[:n].clone()))
+        padded.copy_(random_draft_input(gen, 40, k, h, torch.bfloat16))
     valid.zero_()  # an idle replay: nothing read, nothing written
     kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
     valid.fill_(1)
     enable.zero_()  # switched off: the same
     kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
-    assert int(ring.seq) == 3 and ws._ticket.item() == 0
-    got = ring.drain()
-    _expect_digests(got, kept, k, h, seed)  # the NaN padding would show in the non-finite counts
+    assert int(ring.seq) == 4 and ws._ticket.item() == 0
+    _expect_digests(ring.drain(), kept, k, h, seed)  # the NaN padding would show in the non-finite counts
     union = torch.cat([x for _, x in kept])
     _, stats, abs_sum = fingerprint_float64(union.double().numpy(), k, h)
-    assert within_tolerance(channel_errors(ws.acc.to_stats(), stats, abs_sum), RTOL["float32"]), f"seed {seed}"
+
+    def window_ok() -> bool:
+        return within_tolerance(channel_errors(ws.acc.to_stats(), stats, abs_sum), RTOL["float32"])
+
+    assert window_ok(), f"seed {seed}"
+    enable.fill_(1)
+    valid.zero_()
+    valid[torch.tensor([0, 3, 4])] = 9  # padding between real rows: nothing read, the count says -1
+    ring.note(9, 3)
+    kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
+    [(step, tokens, raw)] = ring.drain()
+    assert (step, tokens) == (9, 3) and np.all(raw[:, 0] + raw[:, 4] == -h)
+    assert window_ok(), f"seed {seed}"
     with pytest.raises(ValueError, match="masked launch"):
         kernel.fingerprint_fused(padded, ws, ring=target, valid=valid.int(), enable=enable)

@@ -36,7 +36,7 @@ import triton.language as tl
 from hs_tracer.fingerprint.reference import ChannelAccumulators
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 
-_PARTIAL_WIDTH = 5  # sum, sumsq, absmax, nonfinite, rows read (masked launches only)
+_PARTIAL_WIDTH = 4  # sum, sumsq, absmax, nonfinite
 
 
 @dataclass(frozen=True)
@@ -58,20 +58,9 @@ DEFAULT_CONFIG = KernelConfig()
 
 
 @triton.jit
-def _row_mask(valid_ptr, rows, row_end, on, VALID: tl.constexpr):
-    """Rows below ``row_end`` and, with VALID, whose entry in ``valid`` is non-zero (and ``on``)."""
-    ok = rows < row_end
-    if VALID:
-        ok = ok & (tl.load(valid_ptr + rows, mask=ok, other=0) != 0) & on
-    return ok
-
-
-@triton.jit
-def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end, valid_ptr, on,
-               BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr, MASKED: tl.constexpr,
-               VALID: tl.constexpr):
-    """Per-column sum, sum of squares, absmax and non-finite count over rows [row_start, row_end)
-    (with VALID only the rows :func:`_row_mask` keeps), and the number of rows read.
+def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
+               BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr, MASKED: tl.constexpr):
+    """Per-column sum, sum of squares, absmax and non-finite count over rows [row_start, row_end).
 
     MASKED=False is the fast path for all-finite data (4 operations per value); a non-finite value
     makes its column's sum of squares non-finite, which the caller detects and answers by scanning
@@ -81,27 +70,21 @@ def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end, valid_ptr, on,
     acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_m = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_bad = tl.zeros([BLOCK_H], dtype=tl.int32)
-    n_read = tl.zeros([BLOCK_N], dtype=tl.int32)
     row_ids = tl.arange(0, BLOCK_N)
     if PREFETCH:  # the next tile's load is issued before this tile is reduced: twice the bytes in flight
         rows = row_start + row_ids
-        nxt_ok = _row_mask(valid_ptr, rows, row_end, on, VALID)
-        m = nxt_ok[:, None] & col_ok[None, :]
+        m = (rows < row_end)[:, None] & col_ok[None, :]
         nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
     for r0 in range(row_start, row_end, BLOCK_N):
         if PREFETCH:
-            cur, cur_ok = nxt, nxt_ok
+            cur = nxt
             rows = r0 + BLOCK_N + row_ids
-            nxt_ok = _row_mask(valid_ptr, rows, row_end, on, VALID)
-            m = nxt_ok[:, None] & col_ok[None, :]
+            m = (rows < row_end)[:, None] & col_ok[None, :]
             nxt = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
         else:
             rows = r0 + row_ids
-            cur_ok = _row_mask(valid_ptr, rows, row_end, on, VALID)
-            m = cur_ok[:, None] & col_ok[None, :]
+            m = (rows < row_end)[:, None] & col_ok[None, :]
             cur = tl.load(col_ptr[None, :] + rows.to(tl.int64)[:, None] * stride_row, mask=m, other=0.0)
-        if VALID:
-            n_read += cur_ok.to(tl.int32)
         v = cur.to(tl.float32)
         if MASKED:
             ok = tl.abs(v) < float("inf")  # false for +-inf and NaN; masked lanes load 0 (finite)
@@ -110,9 +93,24 @@ def _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end, valid_ptr, on,
         acc_s += tl.sum(v, axis=0)
         acc_q += tl.sum(v * v, axis=0)
         acc_m = tl.maximum(acc_m, tl.max(tl.abs(v), axis=0))
-    if VALID:
-        return acc_s, acc_q, acc_m, acc_bad, tl.sum(n_read, axis=0)
-    return acc_s, acc_q, acc_m, acc_bad, tl.maximum(row_end - row_start, 0)
+    return acc_s, acc_q, acc_m, acc_bad
+
+
+@triton.jit
+def _real_rows(valid_ptr, enable_ptr, n_rows, BLOCK: tl.constexpr):
+    """Rows of a padded batch to read: how many of the ``n_rows`` ``valid`` entries are non-zero
+    when they form a prefix (SGLang's padding follows the real rows); -1 when they do not (the
+    digest then says so and nothing is read); 0 while ``enable`` is 0. Every program computes it
+    (a few KB from L2) so the row loop stays the unmasked one."""
+    count = 0
+    end = 0
+    for r0 in range(0, n_rows, BLOCK):
+        idx = r0 + tl.arange(0, BLOCK)
+        real = tl.load(valid_ptr + idx, mask=idx < n_rows, other=0) != 0
+        count += tl.sum(real.to(tl.int32), axis=0)
+        end = tl.maximum(end, tl.max(tl.where(real, idx + 1, 0), axis=0))
+    rows = tl.where(count == end, count, -1)
+    return tl.where(tl.load(enable_ptr) != 0, rows, 0)
 
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_prog", "num_chunks", "ring_size", "ring_stride"])
@@ -139,23 +137,21 @@ def _fingerprint_kernel(
 
     # Per-column running sums. With BLOCK_H = 8 x 32 x num_warps, each thread holds all BLOCK_N rows
     # of its 8 columns, so the row reductions stay inside the thread.
-    on = True
-    if VALID:
-        on = tl.load(enable_ptr) != 0
-    acc_s, acc_q, acc_m, acc_bad, n_here = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
-                                                      valid_ptr, on, BLOCK_N, BLOCK_H, PREFETCH, False, VALID)
+    rows_read = n_rows
+    if VALID:  # a padded batch: its real rows come first, then padding whose valid entry is 0
+        rows_read = _real_rows(valid_ptr, enable_ptr, n_rows, BLOCK_H)
+        row_end = tl.minimum(row_end, tl.maximum(rows_read, 0))
+    acc_s, acc_q, acc_m, acc_bad = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
+                                              BLOCK_N, BLOCK_H, PREFETCH, False)
     if tl.sum((~(acc_q < float("inf"))).to(tl.int32), axis=0) > 0:  # a NaN/Inf (or overflow) in here
-        acc_s, acc_q, acc_m, acc_bad, n_here = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
-                                                          valid_ptr, on, BLOCK_N, BLOCK_H, PREFETCH, True,
-                                                          VALID)
+        acc_s, acc_q, acc_m, acc_bad = _scan_rows(col_ptr, col_ok, stride_row, row_start, row_end,
+                                                  BLOCK_N, BLOCK_H, PREFETCH, True)
 
-    # Partials are field-major ([4 or 5, num_programs]) so the final program's loads are contiguous.
+    # Partials are field-major ([4, num_programs]) so the final program's loads are contiguous.
     tl.store(partial_ptr + pid, tl.sum(acc_s, axis=0))
     tl.store(partial_ptr + num_programs + pid, tl.sum(acc_q, axis=0))
     tl.store(partial_ptr + 2 * num_programs + pid, tl.max(acc_m, axis=0))
     tl.store(partial_ptr + 3 * num_programs + pid, tl.sum(acc_bad, axis=0).to(tl.float32))
-    if VALID:  # the rows this program read: the digest's row count is their sum
-        tl.store(partial_ptr + 4 * num_programs + pid, n_here.to(tl.float32))
     tl.debug_barrier()
     # acq_rel: our partials are visible before the ticket; the last holder sees everyone's.
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
@@ -168,7 +164,6 @@ def _fingerprint_kernel(
         v_q = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
         v_m = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
         v_b = tl.zeros([BLOCK_K, BLOCK_P], dtype=tl.float32)
-        v_n = tl.zeros([BLOCK_P], dtype=tl.float32)
         for p0 in range(0, per_slot, BLOCK_P):  # all slots at once: one round trip per BLOCK_P partials
             idx = p0 + offs
             pm = k_ok[:, None] & (idx < per_slot)[None, :]
@@ -177,18 +172,12 @@ def _fingerprint_kernel(
             v_q += tl.load(p + num_programs, mask=pm, other=0.0, cache_modifier=".cg")
             v_m = tl.maximum(v_m, tl.load(p + 2 * num_programs, mask=pm, other=0.0, cache_modifier=".cg"))
             v_b += tl.load(p + 3 * num_programs, mask=pm, other=0.0, cache_modifier=".cg")
-            if VALID:  # slot 0's programs: every column block of every chunk counted its rows
-                v_n += tl.load(partial_ptr + 4 * num_programs + idx, mask=idx < per_slot, other=0.0,
-                               cache_modifier=".cg")
         bad = tl.sum(v_b, axis=1)
-        rows_read = n_rows * 1.0
-        if VALID:
-            rows_read = tl.sum(v_n, axis=0) / num_col_blocks
-        if rows_read > 0:  # a masked launch that kept no row (disabled, or an idle batch) leaves no digest
+        if rows_read != 0:  # a masked launch that read no row (disabled, or an idle batch) leaves no digest
             seq = tl.load(seq_ptr) + 1  # only this program of each launch touches the counter
             row = seq % ring_size
             out = ring_ptr + row * ring_stride + ks * 5
-            tl.store(out + 0, rows_read * hidden - bad, mask=k_ok)
+            tl.store(out + 0, (rows_read * hidden).to(tl.float32) - bad, mask=k_ok)
             tl.store(out + 1, tl.sum(v_s, axis=1), mask=k_ok)
             tl.store(out + 2, tl.sum(v_q, axis=1), mask=k_ok)
             tl.store(out + 3, tl.max(v_m, axis=1), mask=k_ok)
@@ -202,6 +191,7 @@ def _fingerprint_kernel(
             tl.atomic_xchg(ticket_ptr, 0, sem="release")
 
     # Window sums last: fire-and-forget adds, so the ticket's release fence above does not wait for them.
+    n_here = tl.maximum(row_end - row_start, 0)
     acc_off = slot * hidden + cols
     tl.atomic_add(acc_sum_ptr + acc_off, acc_s, mask=col_ok, sem="relaxed")
     tl.atomic_add(acc_sumsq_ptr + acc_off, acc_q, mask=col_ok, sem="relaxed")
@@ -293,10 +283,12 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
     with ``N >= 1``.
 
     Masked launch (``valid``: ``N`` integers on the device, ``enable``: one int32 there, both read
-    when the kernel runs): only the rows whose ``valid`` entry is non-zero are read, and only while
-    ``enable`` is non-zero; the digest counts the rows read, and a launch that read none writes no
-    digest and leaves the ring's counter alone. What a launch recorded once into a CUDA graph needs
-    to fingerprint a padded batch that changes with every replay.
+    when the kernel runs): ``x`` is a padded batch whose real rows, those with a non-zero ``valid``
+    entry, come first; only they are read, and only while ``enable`` is non-zero. The digest counts
+    the rows read; a launch that read none (``enable`` 0, or no real row) writes no digest and
+    leaves the ring's counter alone; real rows that are not a prefix are not read, and the digest's
+    count says -1 rows. What a launch recorded once into a CUDA graph needs to fingerprint a padded
+    batch that changes with every replay.
 
     The first launch per input specialisation goes through ``triton.jit`` (compiling if needed);
     later ones call the compiled kernel directly, skipping the JIT's per-call argument binding and

@@ -120,7 +120,8 @@ class FingerprintProbe:
         # Launches recorded into the target's graphs: scratch and ring of their own (their launches
         # run inside SGLang's replays, possibly on another stream), the same window accumulators.
         self._res_ws = kernel.FingerprintWorkspace(k, h, self.device, cfg, acc=self._acc)
-        self._res_ring = DigestRing(k, self.ring_size, self.device, pinned=True, lead=_RESIDENT_LEAD)
+        self._res_ring = DigestRing(k, self.ring_size, self.device, pinned=True,
+                                    lead=min(_RESIDENT_LEAD, self.ring_size // 2))
         res = self._res_ring
         self._res_target = kernel.RingTarget(res.digests, res.stamps, res.seq)
         self._res_on = torch.ones(1, dtype=torch.int32, device=self.device)
@@ -172,6 +173,7 @@ class FingerprintProbe:
             if [(t, int(raw[0, 0])) for _s, t, raw in self._res_ring.drain()] != [(1, self.hidden)]:
                 raise RuntimeError("the masked fingerprint launch did not write its digest")
             self._res_ring.skip_launched()
+            self._res_warmup = self._res_ring.launched  # not steps (resident_steps)
             self._acc.reset()
             stream.synchronize()
 
@@ -393,13 +395,16 @@ class FingerprintProbe:
         ring = self._res_ring
         steps, tokens, raws = ring.drain_block()
         if steps.size:
-            read = (raws[:, 0, 0] + raws[:, 0, 4]) / self.hidden  # rows the kernel read
+            read = kernel_rows(raws, self.hidden)
             ok = np.abs(read - tokens) < 0.5
             if not ok.all():
                 bad = int(np.flatnonzero(~ok)[0])
                 self.resident_mismatches += int(np.count_nonzero(~ok))
-                self._fault(f"the target's graph fingerprinted {read[bad]:.0f} rows of step {steps[bad]}, "
-                            f"the step path saw {tokens[bad]}")
+                if read[bad] < 0:  # the kernel's mark for real rows that were not a prefix
+                    self._fault(f"the target's graph held padding between the real rows of step {steps[bad]}")
+                else:
+                    self._fault(f"the target's graph fingerprinted {read[bad]:.0f} rows of step "
+                                f"{steps[bad]}, the step path saw {tokens[bad]}")
                 steps, tokens, raws = steps[ok], tokens[ok], raws[ok]
         ahead = ring.device_ahead()
         if ahead > ring.lead:
@@ -425,7 +430,7 @@ class FingerprintProbe:
     @property
     def resident_steps(self) -> int:
         """Steps fingerprinted by the kernel recorded into the target's graphs so far."""
-        return self._res_ring.launched if self._cuda else 0
+        return self._res_ring.launched - self._res_warmup if self._cuda else 0
 
     def read_window(self, block: bool = False) -> ChannelStats | None:
         """Per-channel stats of the windows whose snapshot has landed since the last read, merged
@@ -486,3 +491,10 @@ class FingerprintProbe:
             self._win_pending[w] = False
             folded = True
         return folded
+
+
+def kernel_rows(raws: np.ndarray, hidden: int) -> np.ndarray:
+    """Rows each raw digest ``[n, K, 5]`` covers, from its first slot's count of finite values and
+    of non-finite ones (the two add up to rows x ``hidden``); -1 where a masked launch marked real
+    rows that were not a prefix (``kernel.fingerprint_fused``)."""
+    return (raws[:, 0, 0].astype(np.float64) + raws[:, 0, 4]) / hidden

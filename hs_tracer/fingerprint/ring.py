@@ -89,10 +89,11 @@ class DigestRing:
         (float32). Never waits. The stamps of all rows due are compared at once and the landed rows
         copied in one go (a batch of steps costs about what one did)."""
         with self._read_lock:
-            last, nxt, size = self.launched, self._next, self.size - self.lead
-            if last - nxt + 1 > size:  # rows already reused by later launches (or about to be)
-                self.dropped += last - size + 1 - nxt
-                nxt = last - size + 1
+            last, nxt, size = self.launched, self._next, self.size
+            safe = size - self.lead  # rows not yet due for reuse by a launch the device may have run
+            if last - nxt + 1 > safe:  # rows already reused by later launches (or about to be)
+                self.dropped += last - safe + 1 - nxt
+                nxt = last - safe + 1
             if nxt > last:
                 return _EMPTY_IDS, _EMPTY_IDS, np.zeros((0, self.num_slots, DIGEST_WIDTH), dtype=np.float32)
             seqs = np.arange(nxt, last + 1, dtype=np.int64)

@@ -166,6 +166,10 @@ class TracerState:
         probe = self._probes[0] if self._probes is not None else None
         if probe is None or not self.config.in_graph:
             return
+        # A tree (topk > 1) hands the draft the accepted path's rows, gathered into a new tensor: not
+        # this graph's output. (The drain would notice and switch the recorded kernel off.)
+        if int(self.spec_args.get("speculative_eagle_topk") or 1) > 1:
+            return
         mode = getattr(batch, "forward_mode", None)
         if mode is None or not mode.is_target_verify():
             return

@@ -193,10 +193,12 @@ def scrape(port: int) -> str:
         return f"# scrape failed: {exc}"
 
 
-def settled_scrape(port: int, settle_s: float = 0.7, max_wait_s: float = 15.0) -> str:
+def settled_scrape(port: int, settle_s: float = 1.5, max_wait_s: float = 15.0) -> str:
     """``/metrics`` once hs_tracer's step counter has stopped moving: two reads ``settle_s`` apart
-    (longer than the recorder's 0.5 s hand-off) with the same count. A single read a fixed time
-    after a run could miss its last hand-off, or count the warm-up's in the next batch size."""
+    with the same count, longer than the recorder's 0.5 s hand-off and the export process's 0.5 s
+    refresh after it together (0.7 s was not: one run counted 741 steps of SGLang's 765 at batch 32).
+    A single read a fixed time after a run could miss its last hand-off, or count the warm-up's in
+    the next batch size."""
     text = scrape(port)
     end = time.monotonic() + max_wait_s
     while time.monotonic() < end:

@@ -2,17 +2,24 @@
 own HookRegistry wrappers, plus the tracer's threads in the scheduler process sharing the GIL.
 
     PYTHONPATH=. python benchmarks/hook_overhead.py [--device cuda|cpu] [--out DIR] [--tag TAG]
-                                                   [--export process|thread]
+                                                   [--export process|thread] [--launch in_graph|replay]
 
 The two hooks that run every decode step (before ``EagleDraftWorker._draft_extend_for_decode``,
 after ``_resolve_spec_v2_tokens``) are wrapped by SGLang 0.5.23's ``hook_registry._wrap_fn``,
 exactly as the plugin registers them, and compared with the same unwrapped calls in one run. N is
 the number of draft-input rows (batch x 4 draft tokens; batch = max(1, N/4) real SGLang ``Req``
 objects); the draft input is a static ``[N, 3*7168]`` bf16 buffer, as SGLang's target CUDA graph
-hands it over.
+hands it over. On CUDA each step starts with a replay of a stand-in for SGLang's target-verify
+graph (one small kernel; its output address is the draft input's), plain and traced alike. With
+``--launch in_graph`` (the default, as ``HS_TRACER_IN_GRAPH``'s) the traced graph also holds the
+probe's kernel, recorded at capture exactly as the plugin records it into SGLang's, and the launch
+hook only notes the step; with ``--launch replay`` the launch hook replays the probe's own launch
+graph (what runs under eager mode, trees and batches above the largest graph).
 
-Headline, "loop": the full per-step host figure a user pays, measured as what a scheduler loop loses
-per step. One step in SGLang's overlap order: the launch hook (it enqueues the probe), then the
+Headline: what the scheduler thread pays per step, the hooks alone ("hooks" below) plus the recorder
+thread's CPU per step (it shares the scheduler's GIL); target <= 10 µs. "loop": the same measured as
+what a scheduler loop loses per step (noisier: the spread of its block pairs is reported). One step
+in SGLang's overlap order: the launch hook (it enqueues the probe), then the
 step's next GPU work is enqueued (``torch.cuda._sleep`` of ``--gpu-us``), then, while the GPU works,
 the previous step's result hook and the scheduler's own Python (a fixed loop calibrated to take
 ``--python-us`` with no other thread running), then the wait for this step's GPU work. The GPU work

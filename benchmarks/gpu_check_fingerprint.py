@@ -11,7 +11,7 @@ Checks, each on fresh random inputs (the seed is printed):
 4. CUDA graphs: the kernel and ``probe.observe`` captured and replayed on changing inputs;
 5. an input whose launch graph exists, observed while the stream captures a graph: the replay is
    refused (the capture check comes first), the kernel goes into the capture, the ring stays in step;
-6. the kernel recorded into a "target" graph over a padded batch (``record_resident``): replays
+6. the kernel recorded into a "target" graph over a padded batch (``record_in_graph``): replays
    with changing real row counts (KV slots 0 for padding) and an idle one, the step path only
    noting steps under ``set_sync_debug_mode("error")``, digests and window sums against float64
    over the real rows only; then a step whose row count disagrees with the graph's: the drain
@@ -340,9 +340,9 @@ def check_in_graph(rng: np.random.Generator) -> dict:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=side):
         out = src * 1  # graph-private output, like the target's draft input
-        recorded = probe.record_resident(out, slots)
-    if not recorded or probe.resident != {out.data_ptr(): padded}:
-        failures.append(f"record_resident returned {recorded}, resident {probe.resident}")
+        recorded = probe.record_in_graph(out, slots)
+    if not recorded or probe.in_graph_inputs != {out.data_ptr(): padded}:
+        failures.append(f"record_in_graph returned {recorded}, in-graph inputs {probe.in_graph_inputs}")
     real = []
 
     def step(step_id: int, n: int, seen: int | None = None) -> int:
@@ -381,13 +381,13 @@ def check_in_graph(rng: np.random.Generator) -> dict:
     step(7, 7, seen=9)
     torch.cuda.synchronize()
     probe.drain_raw()
-    fault = probe.resident_fault
+    fault = probe.in_graph_fault
     direct = probe.launcher.direct
     step(8, 12)
     torch.cuda.synchronize()
     after = probe.drain_raw()
-    if fault is None or probe.resident or probe.launcher.direct != direct + 1:
-        failures.append(f"mismatch: fault {fault!r}, resident {probe.resident}, direct "
+    if fault is None or probe.in_graph_inputs or probe.launcher.direct != direct + 1:
+        failures.append(f"mismatch: fault {fault!r}, in-graph inputs {probe.in_graph_inputs}, direct "
                         f"{probe.launcher.direct - direct}")
     if [(s, t) for s, t, _ in after] != [(8, 12)]:
         failures.append(f"after the switch-off drained {[(s, t) for s, t, _ in after]}")
@@ -396,7 +396,7 @@ def check_in_graph(rng: np.random.Generator) -> dict:
         d = digest_errors(after[0][2].astype(np.float64), ref_raw, abs_sum)
         if not within_tolerance(d, RTOL["float32"]):
             failures.append(f"step 8 (launched directly): {d}")
-    return {"resident_steps": probe.resident_steps, "mismatches": probe.resident_mismatches,
+    return {"in_graph_steps": probe.in_graph_steps, "mismatches": probe.in_graph_mismatches,
             "fault": fault, "channel_errors": c, "failures": failures}
 
 

@@ -208,7 +208,7 @@ def target_graph(st: state.TracerState, results: list[SimpleNamespace], launch: 
     if features.device.type != "cuda":
         return (lambda: None), (lambda: None)
     probe = st.steps.decode.probe
-    probe.resident.clear()  # the previous N's graph and buffers are gone
+    probe.in_graph_inputs.clear()  # the previous N's graph and buffers are gone
     slots = torch.arange(1, features.shape[0] + 1, dtype=torch.int64, device=features.device)
     graphs = []
     side = torch.cuda.Stream()
@@ -218,7 +218,7 @@ def target_graph(st: state.TracerState, results: list[SimpleNamespace], launch: 
         with torch.cuda.graph(g, stream=side):
             slots.add_(0)  # the target's own work, reduced to one small kernel
             if traced and launch == "in_graph":
-                assert probe.record_resident(features, slots), "the probe refused to record into the graph"
+                assert probe.record_in_graph(features, slots), "the probe refused to record into the graph"
         graphs.append(g)
     torch.cuda.synchronize()
     return graphs[0].replay, graphs[1].replay
@@ -313,11 +313,11 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
         launcher, ring = probe.launcher, probe._ring
         torch.cuda.synchronize()
         # every launch noted on the host ran on the device (the kernel counts its runs)
-        res = probe._res_ring
+        res = probe._ig_ring
         out.update(launch=launch, graph_replays=launcher.replays, direct_launches=launcher.direct,
                    graphs=launcher.graphs, ring_noted=ring.launched, ring_ran=int(ring.seq.item()),
                    in_graph_noted=res.launched, in_graph_ran=int(res.seq.item()),
-                   in_graph_fault=probe.resident_fault,
+                   in_graph_fault=probe.in_graph_fault,
                    graph_launch_way=sorted({g.way for g in launcher._graphs.values()}))
     return out
 

@@ -66,7 +66,7 @@ class _Probe:
     def __init__(self) -> None:
         self.recorded: list[tuple[torch.Size, torch.Size]] = []
 
-    def record_resident(self, x: torch.Tensor, valid: torch.Tensor) -> bool:
+    def record_in_graph(self, x: torch.Tensor, valid: torch.Tensor) -> bool:
         self.recorded.append((x.shape, valid.shape))
         return True
 

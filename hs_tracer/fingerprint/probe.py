@@ -18,13 +18,13 @@ pinned window slot is still in flight, the device keeps accumulating and the nex
 (counted in :attr:`window_skips`): nothing is lost, windows only get longer.
 
 Recorded into the target's graphs: under SGLang's CUDA graphs the draft input is an output of the
-target's verify graph, so the kernel can be part of that graph (:meth:`record_resident`, called
+target's verify graph, so the kernel can be part of that graph (:meth:`record_in_graph`, called
 while SGLang captures it) and the step path has nothing to launch: it notes the step in a ring of
 its own. The graph is captured for a padded batch; the kernel reads only the rows whose KV-cache
 slot is non-zero (SGLang zeroes the padding's slots on every replay and never hands out slot 0),
 counts them into the digest, and the drain checks that count against the rows the step path saw.
 Any disagreement, or stamps the step path never noted (a replay it did not see), stops the
-recorded kernels for good (:attr:`resident_fault`; a device flag read by the kernel) and the steps
+recorded kernels for good (:attr:`in_graph_fault`; a device flag read by the kernel) and the steps
 go back to a launch each.
 
 On CPU (testbed, CI) the same API runs the torch reference synchronously with float64 sums.
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hs_tracer")
 
-_RESIDENT_LEAD = 8
+_IN_GRAPH_LEAD = 8
 """Launches the target's graph may run ahead of the step path's notes (it notes a step once the
 graph replayed; one replay is in flight at most, the rest is margin)."""
 
@@ -119,15 +119,15 @@ class FingerprintProbe:
         self._idle: deque[int] = deque(maxlen=self.ring_size)  # N=0 steps: digest is known on the host
         # Launches recorded into the target's graphs: scratch and ring of their own (their launches
         # run inside SGLang's replays, possibly on another stream), the same window accumulators.
-        self._res_ws = kernel.FingerprintWorkspace(k, h, self.device, cfg, acc=self._acc)
-        self._res_ring = DigestRing(k, self.ring_size, self.device, pinned=True,
-                                    lead=min(_RESIDENT_LEAD, self.ring_size // 2))
-        res = self._res_ring
-        self._res_target = kernel.RingTarget(res.digests, res.stamps, res.seq)
-        self._res_on = torch.ones(1, dtype=torch.int32, device=self.device)
-        self.resident: dict[int, int] = {}  # address of a graph output fingerprinted in its graph -> rows
-        self.resident_fault: str | None = None  # set by the drain; the step path then stops them
-        self.resident_mismatches = 0
+        self._ig_ws = kernel.FingerprintWorkspace(k, h, self.device, cfg, acc=self._acc)
+        self._ig_ring = DigestRing(k, self.ring_size, self.device, pinned=True,
+                                    lead=min(_IN_GRAPH_LEAD, self.ring_size // 2))
+        ring = self._ig_ring
+        self._ig_target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
+        self._ig_on = torch.ones(1, dtype=torch.int32, device=self.device)
+        self.in_graph_inputs: dict[int, int] = {}  # graph output fingerprinted in its graph: address -> rows
+        self.in_graph_fault: str | None = None  # set by the drain; the step path then stops them
+        self.in_graph_mismatches = 0
         self._win_count = torch.zeros((_WINDOW_SLOTS, k, h), dtype=torch.int32, pin_memory=True)
         self._win_sums = torch.zeros((_WINDOW_SLOTS, 2, k, h), dtype=torch.float32, pin_memory=True)
         self._win_events = [torch.cuda.Event() for _ in range(_WINDOW_SLOTS)]
@@ -166,14 +166,14 @@ class FingerprintProbe:
             self.launcher.direct = 0
             # the masked launch recorded into the target's graphs, compiled now: nothing may compile
             # while SGLang captures
-            self._res_ring.note(-1, 1)
-            fingerprint_fused(x, self._res_ws, ring=self._res_target,
-                              valid=torch.ones(1, dtype=torch.int64, device=self.device), enable=self._res_on)
+            self._ig_ring.note(-1, 1)
+            fingerprint_fused(x, self._ig_ws, ring=self._ig_target,
+                              valid=torch.ones(1, dtype=torch.int64, device=self.device), enable=self._ig_on)
             stream.synchronize()
-            if [(t, int(raw[0, 0])) for _s, t, raw in self._res_ring.drain()] != [(1, self.hidden)]:
+            if [(t, int(raw[0, 0])) for _s, t, raw in self._ig_ring.drain()] != [(1, self.hidden)]:
                 raise RuntimeError("the masked fingerprint launch did not write its digest")
-            self._res_ring.skip_launched()
-            self._res_warmup = self._res_ring.launched  # not steps (resident_steps)
+            self._ig_ring.skip_launched()
+            self._ig_warmup = self._ig_ring.launched  # not steps (in_graph_steps)
             self._acc.reset()
             stream.synchronize()
 
@@ -195,18 +195,18 @@ class FingerprintProbe:
         straight to the replay."""
         if self._cuda:
             ptr, shape = x.data_ptr(), x.shape
-            if ptr in self.resident and self.resident_fault is None and shape[-1] == self._width:
+            if ptr in self.in_graph_inputs and self.in_graph_fault is None and shape[-1] == self._width:
                 n = shape[0]  # the target's graph fingerprinted it: note the step, nothing to launch
                 if n:
-                    self._res_ring.note(step_id, n)
+                    self._ig_ring.note(step_id, n)
                 else:
                     self._idle.append(step_id)
                 self.steps += 1
                 if self.window_steps:
                     self._count_window_step()
                 return n
-            if self.resident_fault is not None and self.resident:
-                self._stop_resident()
+            if self.in_graph_fault is not None and self.in_graph_inputs:
+                self._stop_in_graph()
             replay = self._replays.get((ptr, shape, x.stride(), x.dtype))
             if replay is not None:
                 n = shape[0]
@@ -276,7 +276,7 @@ class FingerprintProbe:
         self._ring.note(step_id, n)
         self.launcher.launch(x, n)
 
-    def record_resident(self, x: torch.Tensor, valid: torch.Tensor) -> bool:
+    def record_in_graph(self, x: torch.Tensor, valid: torch.Tensor) -> bool:
         """While the current stream captures a CUDA graph whose output ``x [P, K*H]`` (a padded batch)
         becomes a later step's draft input: record the masked kernel into that graph, reading the
         rows whose ``valid`` entry (P integers the graph's replays refill, 0 for padding) is
@@ -285,7 +285,7 @@ class FingerprintProbe:
         ``[P, K*H]`` on this device, or a kernel specialisation that would need compiling)."""
         from hs_tracer.fingerprint import kernel
 
-        if not self._cuda or not self._capturing() or self.resident_fault is not None:
+        if not self._cuda or not self._capturing() or self.in_graph_fault is not None:
             return False
         shape = x.shape
         if (len(shape) != 2 or shape[1] != self.num_slots * self.hidden or shape[0] < 1
@@ -295,25 +295,25 @@ class FingerprintProbe:
         if valid.dtype != torch.int64:
             valid = valid.to(torch.int64)  # recorded into the graph too
         valid = valid[:shape[0]]
-        if not kernel.is_compiled(x, self._res_ws, self._res_target, valid):
+        if not kernel.is_compiled(x, self._ig_ws, self._ig_target, valid):
             return False
-        kernel.fingerprint_fused(x, self._res_ws, ring=self._res_target, valid=valid, enable=self._res_on)
-        self.resident[x.data_ptr()] = shape[0]
+        kernel.fingerprint_fused(x, self._ig_ws, ring=self._ig_target, valid=valid, enable=self._ig_on)
+        self.in_graph_inputs[x.data_ptr()] = shape[0]
         return True
 
-    def stop_resident(self, reason: str) -> None:
+    def stop_in_graph(self, reason: str) -> None:
         """Switch the launches recorded into the target's graphs off (from the thread and stream
         that replay them): later replays read nothing, and steps launch their own kernel."""
         self._fault(reason)
-        if self._cuda and self.resident:
-            self._stop_resident()
+        if self._cuda and self.in_graph_inputs:
+            self._stop_in_graph()
 
-    def _stop_resident(self) -> None:
+    def _stop_in_graph(self) -> None:
         """Step thread: the recorded launches read nothing from the next replay on (stream order)."""
-        self._res_on.zero_()
-        self.resident.clear()
+        self._ig_on.zero_()
+        self.in_graph_inputs.clear()
         logger.warning("hs_tracer: %s; the fingerprint kernel recorded into the target's CUDA graphs "
-                       "is switched off and each step launches its own", self.resident_fault)
+                       "is switched off and each step launches its own", self.in_graph_fault)
 
     def end_window(self) -> None:
         """Close the current window: snapshot and zero the channel accumulators, without waiting."""
@@ -376,8 +376,8 @@ class FingerprintProbe:
             return (np.fromiter((step for step, _t, _r in out), np.int64, len(out)),
                     np.fromiter((tokens for _s, tokens, _r in out), np.int64, len(out)), raws)
         blocks = [self._ring.drain_block()]
-        if self._res_ring.launched:
-            blocks.append(self._drain_resident())
+        if self._ig_ring.launched:
+            blocks.append(self._drain_in_graph())
         if self._idle:
             idle = np.array([self._idle.popleft() for _ in range(len(self._idle))], dtype=np.int64)
             blocks.append((idle, np.zeros_like(idle), np.zeros((idle.size, self.num_slots, DIGEST_WIDTH),
@@ -388,18 +388,18 @@ class FingerprintProbe:
         order = np.argsort(steps, kind="stable")
         return steps[order], tokens[order], raws[order]
 
-    def _drain_resident(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The resident ring's landed digests whose row count (the kernel's, from the KV slots)
+    def _drain_in_graph(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The in-graph ring's landed digests whose row count (the kernel's, from the KV slots)
         matches the rows the step path saw; a mismatch, launches nobody noted, or notes that never
-        land set :attr:`resident_fault` (the step path then switches the recorded launches off)."""
-        ring = self._res_ring
+        land set :attr:`in_graph_fault` (the step path then switches the recorded launches off)."""
+        ring = self._ig_ring
         steps, tokens, raws = ring.drain_block()
         if steps.size:
             read = kernel_rows(raws, self.hidden)
             ok = np.abs(read - tokens) < 0.5
             if not ok.all():
                 bad = int(np.flatnonzero(~ok)[0])
-                self.resident_mismatches += int(np.count_nonzero(~ok))
+                self.in_graph_mismatches += int(np.count_nonzero(~ok))
                 if read[bad] < 0:  # the kernel's mark for real rows that were not a prefix
                     self._fault(f"the target's graph held padding between the real rows of step {steps[bad]}")
                 else:
@@ -415,8 +415,8 @@ class FingerprintProbe:
         return steps, tokens, raws
 
     def _fault(self, reason: str) -> None:
-        if self.resident_fault is None:
-            self.resident_fault = reason
+        if self.in_graph_fault is None:
+            self.in_graph_fault = reason
 
     def digest_of(self, tokens: int, raw: np.ndarray) -> StepDigest:
         """The digest of raw sums from :meth:`drain_raw` (count made exact on the host)."""
@@ -425,12 +425,12 @@ class FingerprintProbe:
     @property
     def dropped(self) -> int:
         """Steps whose digest was overwritten before it was drained (the rings are bounded)."""
-        return self._ring.dropped + self._res_ring.dropped if self._cuda else self._dropped
+        return self._ring.dropped + self._ig_ring.dropped if self._cuda else self._dropped
 
     @property
-    def resident_steps(self) -> int:
+    def in_graph_steps(self) -> int:
         """Steps fingerprinted by the kernel recorded into the target's graphs so far."""
-        return self._res_ring.launched - self._res_warmup if self._cuda else 0
+        return self._ig_ring.launched - self._ig_warmup if self._cuda else 0
 
     def read_window(self, block: bool = False) -> ChannelStats | None:
         """Per-channel stats of the windows whose snapshot has landed since the last read, merged

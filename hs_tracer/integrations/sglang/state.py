@@ -147,7 +147,7 @@ class TracerState:
             self.recorder = Recorder(self)
             self.recorder.start()
         elif was_emitting and self._probes[0] is not None:  # built on a rank that turned out not to emit
-            self._probes[0].stop_resident("this rank does not emit")
+            self._probes[0].stop_in_graph("this rank does not emit")
         self.write_report()
 
     def prepare_probes(self) -> None:
@@ -175,7 +175,7 @@ class TracerState:
             return
         hidden, slots = getattr(logits, "hidden_states", None), getattr(batch, "out_cache_loc", None)
         if isinstance(hidden, torch.Tensor) and isinstance(slots, torch.Tensor):
-            probe.record_resident(hidden, slots)
+            probe.record_in_graph(hidden, slots)
 
     def _trained_sources(self) -> list[str] | None:
         from hs_tracer.profile.model import Profile

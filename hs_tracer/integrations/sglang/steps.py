@@ -220,8 +220,9 @@ class StepPath:
                 probe = windowed.probe
                 out[name] = {"graph_replays": launcher.replays, "direct": launcher.direct,
                              "graphs": launcher.graphs, "windows_closed": windowed.closes,
-                             "in_graph_steps": probe.resident_steps, "in_graph_graphs": len(probe.resident),
-                             "in_graph_fault": probe.resident_fault}
+                             "in_graph_steps": probe.in_graph_steps,
+                             "in_graph_graphs": len(probe.in_graph_inputs),
+                             "in_graph_fault": probe.in_graph_fault}
         return out
 
     def observe_prefill(self, features: Any, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:

@@ -104,3 +104,19 @@ def test_in_graph_switch_parses_and_rejects_in_one_line() -> None:
     assert config.load({})[0].in_graph is True
     _cfg, errors = config.load({"HS_TRACER_IN_GRAPH": "maybe"})
     assert errors == ["HS_TRACER_IN_GRAPH='maybe' must be 1 (on) or 0 (off)"]
+
+
+@pytest.mark.parametrize("use_aux", [True, False])
+def test_probes_are_built_before_the_targets_graphs_only_for_eagle3(use_aux: bool) -> None:
+    """Built when the target is known (SGLang captures its graphs next) where the target captures aux
+    states; a server without them builds nothing then (a plain server never does)."""
+    st = TracerState(config=config.TracerConfig())
+    st.target = {"architecture": "DeepseekV3ForCausalLM", "model_path": "m", "num_layers": 4,
+                 "hidden_size": 16, "layers_to_capture": [1, 2, 3]}
+    st.aux = {"use_aux_hidden_state": use_aux, "layer_ids": [1, 2, 3] if use_aux else None}
+    st.prepare_probes()
+    if not use_aux:
+        assert st._probes is None
+        return
+    decode, prefill = st._probes
+    assert decode is prefill and (decode.num_slots, decode.hidden) == (3, 16)

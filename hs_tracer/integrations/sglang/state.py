@@ -152,8 +152,10 @@ class TracerState:
 
     def prepare_probes(self) -> None:
         """Build the probes as soon as the target is known: before SGLang captures the target's CUDA
-        graphs, which the decode probe records its kernel into (:meth:`record_in_graph`)."""
-        if self._probes is not None or not self.target:
+        graphs, which the decode probe records its kernel into (:meth:`record_in_graph`). Only where
+        the target captures aux hidden states for an EAGLE-3 draft: any other server builds them, if
+        it has a draft at all, when startup finishes."""
+        if self._probes is not None or not self.target or not self.aux.get("use_aux_hidden_state"):
             return
         self.ranks, self.emitting = _ranks()
         self.role = _role()
@@ -301,7 +303,10 @@ def _ranks() -> tuple[Ranks, bool]:
     except ImportError:  # releases before SGLang's runtime context (0.5.12)
         return _ranks_before_runtime_context()
 
-    par = get_parallel()
+    try:
+        par = get_parallel()
+    except ValueError:  # not published (yet) in this process: a single rank
+        return Ranks(), True
 
     def rank(name: str) -> int:
         try:
@@ -351,7 +356,11 @@ def _role() -> str:
         from sglang.srt.server_args import get_global_server_args
 
         return str(getattr(get_global_server_args(), "disaggregation_mode", None) or "null")
-    return str(getattr(get_disagg(), "disaggregation_mode", None) or "null")
+    try:
+        disagg = get_disagg()
+    except ValueError:  # not published in this process: no disaggregation
+        return "null"
+    return str(getattr(disagg, "disaggregation_mode", None) or "null")
 
 
 def _asdict(obj: Any) -> Any:

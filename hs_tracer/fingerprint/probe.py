@@ -153,7 +153,7 @@ class FingerprintProbe:
         itself; the check below confirms that the bytes arrived."""
         from hs_tracer.fingerprint.kernel import fingerprint_fused
 
-        x = torch.ones((1, self.num_slots * self.hidden), dtype=dtype, device=self.device)
+        x = torch.ones((1, self._width), dtype=dtype, device=self.device)
         stream = torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device):
             self._ring.note(-1, 1)
@@ -240,7 +240,7 @@ class FingerprintProbe:
         """Rows of ``x`` if it is ``[N, K*H]`` on the probe's device, else -1 (counted); raises for
         another device."""
         shape = x.shape
-        if len(shape) != 2 or shape[1] != self.num_slots * self.hidden:
+        if len(shape) != 2 or shape[1] != self._width:
             with self._lock:
                 self.width_mismatches += 1
                 self.last_width = shape[-1] if shape else 0
@@ -288,7 +288,7 @@ class FingerprintProbe:
         if not self._cuda or not self._capturing() or self.in_graph_fault is not None:
             return False
         shape = x.shape
-        if (len(shape) != 2 or shape[1] != self.num_slots * self.hidden or shape[0] < 1
+        if (len(shape) != 2 or shape[1] != self._width or shape[0] < 1
                 or x.get_device() != self._index or valid.dim() != 1 or valid.shape[0] < shape[0]
                 or valid.get_device() != self._index):
             return False

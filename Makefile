@@ -10,9 +10,12 @@ PYTHON ?= python3
 NEWEST_SGLANG := 0.5.23
 OLD_SGLANG := 0.5.12
 SGLANG ?= $(NEWEST_SGLANG)
-VENV := $(if $(filter $(NEWEST_SGLANG),$(SGLANG)),.venv,.venv-sglang-$(SGLANG))
+NEWEST_VENV := .venv
+VENV := $(if $(filter $(NEWEST_SGLANG),$(SGLANG)),$(NEWEST_VENV),.venv-sglang-$(SGLANG))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip
+PURELIB := import sysconfig; print(sysconfig.get_path('purelib'))
 # A release's own pins that differ from lock.txt, installed over it (docs/versions.md).
 RELEASE_PINS := $(wildcard requirements/sglang-$(SGLANG).txt)
 # The tests whose outcome depends on the release: without an engine, the version guard against the
@@ -36,24 +39,35 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt $(RELEASE_PINS)
 	@test -n "$(filter $(SGLANG),$(NEWEST_SGLANG) $(OLD_SGLANG))" || \
 		{ echo "SGLANG=$(SGLANG): supported releases are $(NEWEST_SGLANG) $(OLD_SGLANG)"; exit 2; }
+ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# grafana-client pulls urllib3-future, whose wheel would replace urllib3 for every program in
 	@# the venv; built from source with URLLIB3_NO_OVERRIDE=1 it installs beside it instead.
-	URLLIB3_NO_OVERRIDE=1 $(BIN)/pip install --quiet --disable-pip-version-check \
+	URLLIB3_NO_OVERRIDE=1 $(PIP) install --quiet --disable-pip-version-check \
 		--no-binary urllib3-future -r requirements/lock.txt
-	$(if $(RELEASE_PINS),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r $(RELEASE_PINS))
+else
+	@# An older release's venv is a layer over .venv: it holds only what differs (SGLang, the
+	@# release's pins, hs_tracer's editable installs) and reads the rest, torch's ~5 GB among it,
+	@# from .venv's site-packages, listed after its own so that its own copies win.
+	@# Its pip and setuptools are .venv's too (a venv of its own would shadow them with older ones).
+	$(MAKE) venv SGLANG=$(NEWEST_SGLANG)
+	@test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
+	echo "import site; site.addsitedir('$$($(NEWEST_VENV)/bin/python -c "$(PURELIB)")')" \
+		> "$$($(BIN)/python -c "$(PURELIB)")/zz_hs_tracer_newest_release_layer.pth"
+	$(if $(RELEASE_PINS),$(PIP) install --quiet --disable-pip-version-check --no-deps -r $(RELEASE_PINS))
+endif
 	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
 	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps sglang==$(SGLANG)
+	$(PIP) install --quiet --disable-pip-version-check --no-deps sglang==$(SGLANG)
 	@# hs_tracer and its CPU testbed (a distribution of its own, see testbed/pyproject.toml).
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed
+	$(PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed
 	@touch $@
 
 demo: $(STAMP)
 	$(BIN)/hs-tracer demo
 
 test: $(STAMP)
-	$(BIN)/ruff check .
+	$(BIN)/python -m ruff check .
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	@# A real Prometheus server (and promtool) from Debian's package; the tests start their own.
 	tests/infra/prometheus.sh
@@ -73,7 +87,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not engine"
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
+	$(BIN)/python -m ruff check .
 
 # Re-resolve the pinned set from requirements/runtime.in (needs network access to PyPI).
 lock:

@@ -317,7 +317,8 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
     masked = valid is not None
     if masked and (enable is None or valid.dim() != 1 or valid.shape[0] < n or valid.dtype != torch.int64):
         raise ValueError("a masked launch needs valid (int64, one entry per row of x) and enable")
-    compiled = ws._compiled.get(_specialisation(x, ring, valid))
+    key = _specialisation(x, ring, valid)
+    compiled = ws._compiled.get(key)
     if compiled is not None:
         partials, ticket, count, sums, sumsq = ws._ptrs
         stream = _current_stream(x.device.index)
@@ -338,7 +339,7 @@ def fingerprint_fused(x: torch.Tensor, ws: FingerprintWorkspace,
         cfg.block_n, ws.block_h, cfg.block_p, ws.block_k, cfg.prefetch, masked,
         num_warps=cfg.num_warps)
     if x.is_cuda and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-        ws._compiled[_specialisation(x, ring, valid)] = compiled
+        ws._compiled[key] = compiled
 
 
 def _specialisation(x: torch.Tensor, ring: RingTarget, valid: torch.Tensor | None) -> tuple:

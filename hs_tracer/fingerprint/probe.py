@@ -201,25 +201,22 @@ class FingerprintProbe:
                     self._ig_ring.note(step_id, n)
                 else:
                     self._idle.append(step_id)
-                self.steps += 1
-                if self.window_steps:
-                    self._count_window_step()
-                return n
-            if self.in_graph_fault is not None and self.in_graph_inputs:
-                self._stop_in_graph()
-            replay = self._replays.get((ptr, shape, x.stride(), x.dtype))
-            if replay is not None:
-                n = shape[0]
-                self._ring.note(step_id, n)
-                if replay():
-                    self.launcher.replays += 1
-                else:  # the stream is capturing: nothing was launched, the kernel goes into the capture
-                    self._ring.unnote()
-                    self._observe_cuda(x, n, step_id)
             else:
-                n = self._checked_rows(x)
-                if n >= 0:
-                    self._observe_cuda(x, n, step_id)
+                if self.in_graph_fault is not None and self.in_graph_inputs:
+                    self._stop_in_graph()
+                replay = self._replays.get((ptr, shape, x.stride(), x.dtype))
+                if replay is not None:
+                    n = shape[0]
+                    self._ring.note(step_id, n)
+                    if replay():
+                        self.launcher.replays += 1
+                    else:  # the stream is capturing: nothing was launched, the kernel goes into the capture
+                        self._ring.unnote()
+                        self._observe_cuda(x, n, step_id)
+                else:
+                    n = self._checked_rows(x)
+                    if n >= 0:
+                        self._observe_cuda(x, n, step_id)
         else:
             n = self._checked_rows(x)
             if n >= 0:
@@ -228,13 +225,10 @@ class FingerprintProbe:
             return n
         self.steps += 1
         if self.window_steps:
-            self._count_window_step()
+            self._steps_in_window += 1
+            if self._steps_in_window >= self.window_steps:
+                self.end_window()
         return n
-
-    def _count_window_step(self) -> None:
-        self._steps_in_window += 1
-        if self._steps_in_window >= self.window_steps:
-            self.end_window()
 
     def _checked_rows(self, x: torch.Tensor) -> int:
         """Rows of ``x`` if it is ``[N, K*H]`` on the probe's device, else -1 (counted); raises for

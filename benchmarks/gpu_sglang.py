@@ -52,9 +52,11 @@ from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "testbed"):  # this checkout's hs_tracer and hs_tracer_testbed
+for _path in (ROOT, ROOT / "testbed", ROOT / "benchmarks"):  # this checkout's packages, provenance
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
+
+from provenance import source_state  # noqa: E402
 
 from hs_tracer_testbed.runtime.gpu import launcher  # noqa: E402
 from hs_tracer_testbed.runtime.gpu.prodwidth import write_models  # noqa: E402
@@ -236,8 +238,14 @@ def counter(text: str, name: str) -> float:
 
 
 # ---- part: testbed -------------------------------------------------------------------------------
-def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp: int) -> list[Server]:
+def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp: int,
+                    deterministic: bool = False) -> list[Server]:
+    """With ``deterministic``, every engine runs SGLang's ``--enable-deterministic-inference``
+    (batch-invariant kernels: the same prompt gives the same tokens whatever it is batched with), and
+    the float32 engines get untraced twins, so tracing on/off is compared in both dtypes."""
     par = ("--tp-size", str(tp)) if tp > 1 else ()
+    if deterministic:
+        par = (*par, "--enable-deterministic-inference")
     # prefill graphs up to 512 tokens (SGLang's default captures up to 4096): the testbed's prefills
     # are under 512 tokens, so they still replay graphs, and startup captures fewer shapes
     common = (*par, "--mem-fraction-static", "0.85", "--max-total-tokens", "16384",
@@ -259,6 +267,9 @@ def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp:
         servers += [Server("plain_fp32", target, (*common, *FP32)),
                     Server("chain_fp32_on", target, (*chain, *FP32), traced, True),
                     Server("tree_fp32_on", target, (*tree, *FP32), traced, True)]
+        if deterministic:
+            servers += [Server("chain_fp32_off", target, (*chain, *FP32)),
+                        Server("tree_fp32_off", target, (*tree, *FP32))]
     if tp > 1:
         dp = (*common, "--attn-dp-size", str(tp), *CHAIN, "--speculative-draft-model-path", str(draft))
         servers += [Server("dp_attention_off", target, dp),
@@ -268,14 +279,14 @@ def testbed_servers(target: Path, draft: Path, shifted: Path, profile: Path, tp:
 
 
 def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int,
-                reference: list[list[int]] | None = None) -> dict[str, Any]:
+                reference: list[list[int]] | None = None, rounds: int = 2) -> dict[str, Any]:
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     runs: dict[str, Any] = {}
     live = [s for s in servers if s.error is None]
 
     def one(s: Server) -> tuple[str, dict[str, Any]]:
         rounds = []
-        for _ in range(2):  # round 2 re-sends the prompts: served from the radix cache
+        for _ in range(rounds):  # rounds 2.. re-send the prompts: served from the radix cache
             outs = generate(s, {"prompt": prompts, "sampling_params": sampling})
             rounds.append(outs)
         logprobs = None
@@ -321,7 +332,8 @@ def _same(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
 
 
 # (traced, untraced) engines whose greedy outputs must be identical: hs_tracer must change nothing
-ON_OFF = (("chain_on", "chain_off"), ("tree_on", "tree_off"), ("dp_attention_on", "dp_attention_off"))
+ON_OFF = (("chain_on", "chain_off"), ("tree_on", "tree_off"), ("chain_fp32_on", "chain_fp32_off"),
+          ("tree_fp32_on", "tree_fp32_off"), ("dp_attention_on", "dp_attention_off"))
 
 
 def plain_reference(name: str) -> str:
@@ -370,15 +382,15 @@ def summarize_testbed(servers: list[Server], runs: dict[str, Any],
                       reference: list[list[int]] | None = None) -> dict[str, Any]:
     ids = {name: [[o["output_ids"] for o in rnd] for rnd in r["rounds"]] for name, r in runs.items()}
     out: dict[str, Any] = {"servers": {}, "lossless_vs_plain": {}, "tracing_on_vs_off": {},
-                           "radix_round_2_vs_round_1": {}, "output_ids": ids}
+                           "radix_round_2_vs_round_1": {}, "rounds_vs_round_1": {}, "output_ids": ids}
     for s in servers:
         entry: dict[str, Any] = {"args": list(s.args), "traced": s.traced, "startup_s": s.startup_s,
                                  "error": s.error}
         r = runs.get(s.name)
         if r is not None:
-            entry["round_1"] = _spec_counts(r["rounds"][0])
-            entry["round_2"] = _spec_counts(r["rounds"][1])
-            entry["both_rounds"] = _spec_counts(r["rounds"][0] + r["rounds"][1])
+            for i, rnd in enumerate(r["rounds"]):
+                entry[f"round_{i + 1}"] = _spec_counts(rnd)
+            entry["both_rounds"] = _spec_counts([o for rnd in r["rounds"] for o in rnd])  # all rounds
             entry["sample_text"] = r["rounds"][0][0].get("text", "")[:120]
             entry["schedulers"] = [_report_summary(rep) for rep in r["reports"]]
             if r["metrics"] is not None:  # one scrape per emitting scheduler
@@ -392,21 +404,25 @@ def summarize_testbed(servers: list[Server], runs: dict[str, Any],
         if s.name in ids:
             # round 2 re-sends round 1's prompts: its prefill is served from the radix cache
             out["radix_round_2_vs_round_1"][s.name] = _same(ids[s.name][0], ids[s.name][1])
+            # the engine against itself: run-to-run variation (identical in deterministic mode)
+            out["rounds_vs_round_1"][s.name] = [_same(ids[s.name][0], rnd) for rnd in ids[s.name][1:]]
             ref = plain_reference(s.name)
             if ref in ids and not s.name.startswith("plain"):
-                out["lossless_vs_plain"][s.name] = [_same(ids[ref][i], ids[s.name][i]) for i in (0, 1)]
+                out["lossless_vs_plain"][s.name] = [_same(a, b) for a, b in zip(ids[ref], ids[s.name],
+                                                                                  strict=True)]
     for on, off in ON_OFF:
         if on in ids and off in ids:
-            out["tracing_on_vs_off"][f"{on} vs {off}"] = [_same(ids[on][i], ids[off][i]) for i in (0, 1)]
+            out["tracing_on_vs_off"][f"{on} vs {off}"] = [_same(a, b) for a, b in zip(ids[on], ids[off],
+                                                                                      strict=True)]
     lp = (runs.get("plain") or {}).get("logprobs")
     if lp:
         plain_top = [o["meta_info"]["output_top_logprobs"] for o in lp]
         lp_ids = [o["output_ids"] for o in lp]
         out["plain_logprob_round_identical"] = _same(ids["plain"][0], lp_ids)
-        out["near_ties_bf16"] = {name: [divergence_margins(lp_ids, plain_top, ids[name][i]) for i in (0, 1)]
+        out["near_ties_bf16"] = {name: [divergence_margins(lp_ids, plain_top, rnd) for rnd in ids[name]]
                                  for name in ids if plain_reference(name) == "plain" and name != "plain"}
     if reference is not None:  # plain decoding of the same target on CPU, float32 (runs.py)
-        out["cpu_fp32_reference"] = {name: [_same(reference, ids[name][i]) for i in (0, 1)]
+        out["cpu_fp32_reference"] = {name: [_same(reference, rnd) for rnd in ids[name]]
                                      for name in ("plain", "plain_fp32") if name in ids}
     return out
 
@@ -677,6 +693,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-breakdown", action="store_true",
                     help="time hs_tracer's per-step functions inside the traced prod engine, per batch "
                          "size, with a canary workload beside them (the testbed's HostBreakdown patch)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="testbed engines with SGLang's --enable-deterministic-inference (and untraced "
+                         "float32 twins): tracing on/off and EAGLE/plain must be identical in every round")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the testbed prompts per engine")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     if args.target is not None and (args.draft is None or args.profile is None):
@@ -696,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="hs-tracer-gpu-"))
     target, draft, shifted, profile = testbed_inputs(args, work)
     models = write_models(work / "prodwidth")
-    plan = {"testbed": testbed_servers(target, draft, shifted, profile, args.tp),
+    plan = {"testbed": testbed_servers(target, draft, shifted, profile, args.tp, args.deterministic),
             "prod": prod_servers(models, args.tp), "radix": radix_servers(target) if args.tp == 1 else []}
     if args.servers:
         keep = set(args.servers.split(","))
@@ -721,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
                 s.env = {**s.env, BREAKDOWN_FLAG: str(log_dir)}
     result: dict[str, Any] = {
         "what": "real SGLang 0.5.23 EAGLE-3 servers with hs_tracer inside, hs_tracer GPU testbed runtime",
-        "date": today, "sglang": SGLANG_VERSION, "tp": args.tp,
+        "date": today, "source": source_state(ROOT), "sglang": SGLANG_VERSION, "tp": args.tp,
+        "deterministic_inference": args.deterministic, "rounds": args.rounds,
         "cuda_graphs": "on (SGLang default: target verify, draft decode, draft extend)",
         "overlap_scheduler": "on (SGLang default, spec v2)",
         "radix_cache": "on (SGLang's Python TreeCore)",
@@ -753,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         result["opcheck"] = {"error": repr(exc)}
     bodies: dict[str, Callable[[list[Server]], dict[str, Any]]] = {
-        "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens, reference),
+        "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens, reference, args.rounds),
         "radix": lambda ss: run_radix(ss, prompts),
         "prod": lambda ss: run_prod(ss, deadline, progress=lambda part: write(args.out_dir, stem,
                                                                                {**result, "prod": part})),
@@ -780,7 +801,11 @@ def write(out_dir: Path, stem: str, result: dict[str, Any]) -> None:
 
 def markdown(r: dict[str, Any]) -> str:
     env = r.get("environment", {})
+    src = r.get("source") or {}
     lines = [f"# Real SGLang {r['sglang']} EAGLE-3 with hs_tracer, TP={r['tp']} ({r['date']})", "",
+             f"Source: commit {src.get('commit') or 'unknown'}"
+             f"{' with uncommitted changes' if src.get('dirty') else ''}"
+             f"{' (clean tree)' if src.get('dirty') is False else ''}.",
              f"GPU: {', '.join(env.get('gpus') or []) or env.get('nvidia_smi')}; torch {env.get('torch')}, "
              f"CUDA {env.get('cuda')}, SGLang {env.get('sglang')}, Python {env.get('python')}.",
              f"CUDA graphs: {r['cuda_graphs']}. Overlap scheduler: {r['overlap_scheduler']}. "
@@ -819,12 +844,13 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{[sc.get('ranks') for sc in sch if sc.get('emitting')] if sch else '-'} | {slots or '-'} |")
             if s.get("error"):
                 lines.append(f"|  | error: {s['error'][:300].replace('|', '/')} |||||||||| ")
-        lines += ["", "Greedy outputs, identical per round (round 1 / round 2; round 2 is served from the "
-                  "radix cache):", ""]
+        lines += ["", f"Greedy outputs, identical per round (round 1 / round 2 / ...; rounds after the first "
+                  f"are served from the radix cache; deterministic inference: "
+                  f"{'on' if r.get('deterministic_inference') else 'off'}):", ""]
         for pair, same in (tb.get("tracing_on_vs_off") or {}).items():
             lines.append(f"- tracing on vs off, {pair}: {_identical(same)}")
-        for name, same in (tb.get("radix_round_2_vs_round_1") or {}).items():
-            lines.append(f"- {name}, round 2 vs round 1: {_identical([same])}")
+        for name, same in (tb.get("rounds_vs_round_1") or {}).items():
+            lines.append(f"- {name}, rounds 2.. vs round 1 (the engine against itself): {_identical(same)}")
         if "plain_logprob_round_identical" in tb:
             lines.append("- plain, round with log-probabilities vs round 1: "
                          f"{_identical([tb['plain_logprob_round_identical']])}")

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import textwrap
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -283,6 +285,38 @@ def test_narrow_mla_decode_loads_v_itself_only_where_the_latent_tile_is_wider() 
     for lk, lv, mla in ((40, 32, True), (576, 512, True), (288, 256, True), (64, 64, True), (40, 32, False)):
         module._decode_grouped_att_m_fwd(None, torch.empty(1, 1, lk), torch.empty(1, 1, lv), 0, has_mla=mla)
     assert seen == [False, True, True, True, False]
+
+
+@pytest.mark.parametrize(("lq", "lv", "dv"), [(40, 32, 64), (16, 16, 16), (32, 32, 32), (576, 512, 512)])
+def test_unified_extend_gets_a_v_tile_as_wide_as_qk_only_where_they_differ(
+        monkeypatch: pytest.MonkeyPatch, lq: int, lv: int, dv: int) -> None:
+    """Deterministic mode's unified extend kernel, launched through SGLang's real
+    ``extend_attention_fwd_unified`` on CPU tensors (the Triton kernel itself is a recorder here):
+    the tiny target's absorbed MLA (Q·K tile 64, V tile 32) read past shared memory on the H200, so
+    its V tile is widened to 64; equal tiles and DeepSeek-V3's own tiles stay as SGLang chose, and
+    the tile lookup is SGLang's own again after the call."""
+    from sglang.kernels.ops.attention import extend_attention as ea
+
+    launches: list[dict[str, Any]] = []
+
+    class Kernel:
+        def __getitem__(self, grid: Any) -> Callable[..., None]:
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(ea, "_fwd_kernel_unified", Kernel())
+    monkeypatch.setattr(ea, "extend_attention_fwd_unified", ea.extend_attention_fwd_unified)
+    original_sizes = ea._get_block_sizes_for_extend_attention
+    patches.even_unified_extend_tiles(ea)
+    tokens, heads = 3, 2
+    kv = torch.zeros(8, 1, lq)
+    indptr = torch.tensor([0, tokens], dtype=torch.int32)
+    ea.extend_attention_fwd_unified(torch.zeros(tokens, heads, lq), torch.zeros(tokens, heads, lv), kv,
+                                    kv[..., :lv], 1.0, 1.0, indptr, indptr,
+                                    torch.arange(1, tokens + 1), torch.zeros(1, dtype=torch.int32), tokens)
+    (launch,) = launches
+    assert launch["BLOCK_DV"] == dv and launch["Lv"] == lv  # V loads and stores stay masked to Lv
+    assert launch["BLOCK_DMODEL"] == original_sizes(lq, lv)[0]
+    assert ea._get_block_sizes_for_extend_attention is original_sizes
 
 
 # ---- launcher ------------------------------------------------------------------------------------

@@ -14,6 +14,16 @@ applied by the production plugin.
   same width. DeepSeek-V3 (576/512) does; the tiny testbed target (40/32) does not, and plain
   decoding failed to compile. For such shapes only, the kernel is told the cache is not MLA, so it
   loads V from the value view of the same buffer (same values, one more load).
+* ``sglang.kernels.ops.attention.extend_attention`` (``--enable-deterministic-inference``): the
+  unified one-stage extend kernel that deterministic mode uses for every prefill, target verify and
+  draft extend tiles Q·K with ``next_pow2(Lq)`` and P·V with ``next_pow2(Lv)``. With the tiny
+  target's absorbed MLA (Lq 40 -> 64, Lv 32 -> 32) the P·V dot that Triton 3.6 emits on Hopper
+  reads past the kernel's shared memory (compute-sanitizer: "Invalid __shared__ read of size 1024
+  bytes" at the P·V ``tl.dot``; in a serving engine "an illegal memory access"); equal tiles
+  (32/32, 16/16, DeepSeek-V3's 512+64/512) read cleanly. For unequal tiles only, the kernel gets a V
+  tile as wide as the Q·K tile: the V load and the output store stay masked to ``Lv``, so the extra
+  columns are zeros that are never stored, and the tile is fixed per shape, so the kernel stays
+  batch-invariant.
 * ``hs_tracer.integrations.sglang.hooks`` (only with ``HS_TRACER_TESTBED_SYNC_DEBUG=1``): each hook
   that runs while serving (per step, or per forward) runs with
   ``torch.cuda.set_sync_debug_mode("error")`` armed around its own body and restored after, so a
@@ -48,6 +58,7 @@ SYNC_DEBUG_FLAG = "HS_TRACER_TESTBED_SYNC_DEBUG"
 BREAKDOWN_FLAG = "HS_TRACER_TESTBED_HOST_BREAKDOWN"
 DUAL_GEMM_MODULE = "sglang.srt.layers.dual_gemm"
 DECODE_ATTENTION_MODULE = "sglang.kernels.ops.attention.decode_attention"
+EXTEND_ATTENTION_MODULE = "sglang.kernels.ops.attention.extend_attention"
 SYMM_MEM_AG_MODULE = "sglang.srt.distributed.device_communicators.triton_symm_mem_ag"
 HOOKS_MODULE = "hs_tracer.integrations.sglang.hooks"
 
@@ -90,6 +101,27 @@ def narrow_mla_decode(module: Any) -> None:
         return original(q, k_buffer, v_buffer, *args, has_mla=has_mla, **kwargs)
 
     module._decode_grouped_att_m_fwd = grouped
+
+
+def even_unified_extend_tiles(module: Any) -> None:
+    original = module.extend_attention_fwd_unified
+    sizes = module._get_block_sizes_for_extend_attention
+
+    def even(lq: int, lv: int) -> tuple[int, ...]:
+        dmodel, dpe, dv, *rest = sizes(lq, lv)
+        return (dmodel, dpe, dmodel if dpe == 0 and dv < dmodel else dv, *rest)
+
+    @functools.wraps(original)
+    def unified(q: Any, o: Any, k_buffer: Any, v_buffer: Any, *args: Any, **kwargs: Any) -> Any:
+        # the kernel's launcher looks the tile sizes up in its module at each call; the scheduler
+        # thread is the only caller, so the lookup is pointed at ``even`` for this call only
+        module._get_block_sizes_for_extend_attention = even
+        try:
+            return original(q, o, k_buffer, v_buffer, *args, **kwargs)
+        finally:
+            module._get_block_sizes_for_extend_attention = sizes
+
+    module.extend_attention_fwd_unified = unified
 
 
 def sync_checked(hook: Callable[..., Any],
@@ -245,7 +277,8 @@ def breakdown_log(module: ModuleType) -> None:
 def patches(environ: Mapping[str, str] = os.environ) -> dict[str, Callable[[ModuleType], None]]:
     out: dict[str, Callable[[ModuleType], None]] = {DUAL_GEMM_MODULE: no_dual_gemm,
                                                     SYMM_MEM_AG_MODULE: multimem_off,
-                                                    DECODE_ATTENTION_MODULE: narrow_mla_decode}
+                                                    DECODE_ATTENTION_MODULE: narrow_mla_decode,
+                                                    EXTEND_ATTENTION_MODULE: even_unified_extend_tiles}
     if environ.get(SYNC_DEBUG_FLAG) == "1":
         out[HOOKS_MODULE] = arm_sync_debug
     if environ.get(BREAKDOWN_FLAG):

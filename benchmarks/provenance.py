@@ -1,0 +1,41 @@
+"""The source a benchmark ran: its commit and whether the tree had uncommitted changes.
+
+A result file is only evidence for the code that produced it. ``source_state`` asks git; where the
+checkout travels without its ``.git`` (a copied working tree on a remote machine), the caller names
+the commit in ``HS_TRACER_SOURCE_COMMIT`` (and ``HS_TRACER_SOURCE_DIRTY=0/1``), read at the machine that
+still has the repository. Nothing is guessed: an unknown commit is ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+COMMIT_ENV = "HS_TRACER_SOURCE_COMMIT"
+DIRTY_ENV = "HS_TRACER_SOURCE_DIRTY"
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def source_state(root: Path, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``{"commit", "dirty", "from"}`` for the checkout at ``root``: from git when ``root`` is a git
+    work tree, else from the environment the caller set, else unknown (``None``)."""
+    commit = _git(root, "rev-parse", "HEAD")
+    if commit is not None:
+        status = _git(root, "status", "--porcelain", "--untracked-files=no")
+        return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip()),
+                "from": "git"}
+    if env.get(COMMIT_ENV):
+        dirty = env.get(DIRTY_ENV)
+        return {"commit": env[COMMIT_ENV], "dirty": None if dirty is None else dirty == "1",
+                "from": COMMIT_ENV}
+    return {"commit": None, "dirty": None, "from": None}

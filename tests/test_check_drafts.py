@@ -259,8 +259,8 @@ def test_clean_specforge_draft_passes(tmp_path: Path, ids: list[int] | None) -> 
     target = target_config(tmp_path / "t")
     draft = specforge_draft(tmp_path / "d", layer_ids=ids)
     result = run_check(draft, target)
-    if ids is None:  # no ids: only the "default layers used" warning
-        want = {"layer_ids_ignored": "warning", "spec_args_adjusted": "info"}
+    if ids is None:  # no ids: only the "default layers used" warning (and: nothing compared with training)
+        want = {"layer_ids_ignored": "warning", "spec_args_adjusted": "info", "insufficient_data": "info"}
         assert codes(result) == want, problems(result)
     else:
         assert problems(result) == []

@@ -125,4 +125,6 @@ def test_through_run_check(tmp_path: Path) -> None:
             "--speculative-num-draft-tokens 4"
         ),
     )
-    assert clean.report.findings == [] and clean.summary["engine"]["spec_args"]["speculative_num_steps"] == 3
+    # nothing but the note that no profile was given (so the ids were not compared with training)
+    assert [f.code.value for f in clean.report.findings] == ["insufficient_data"]
+    assert clean.summary["engine"]["spec_args"]["speculative_num_steps"] == 3

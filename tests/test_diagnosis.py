@@ -211,8 +211,14 @@ def test_cli_diagnose_capture_json(
         zip(range(3), profile.sources, live, strict=True)
     )
     assert all(
-        set(s) == {"index", "expected_source", "observed_source", "score", "margin"} for s in out["slots"]
+        set(s) == {"index", "expected_source", "observed_source", "score", "margin", "distance",
+                   "alternative", "alternative_distance"} for s in out["slots"]
     )
+    # the evidence a reader judges: the trained source is far, the observed one near, and the score
+    # (kept for the JSON) is 0.5 ** distance
+    for s in out["slots"]:
+        assert s["alternative"] == s["expected_source"] and s["alternative_distance"] > s["distance"]
+        assert abs(s["score"] - 0.5 ** s["distance"]) < 1e-3
     assert [(f["code"], f["expected"], f["observed"]) for f in out["findings"]] == [
         ("slot_source_mismatch", e, o) for e, o in zip(profile.sources, live, strict=True)
     ]

@@ -265,7 +265,7 @@ def test_debug_shows_the_traceback(capsys, tmp_path: Path) -> None:
 def test_profile_of_another_hidden_size_is_an_input_error(inputs: Inputs, tmp_path: Path, capsys) -> None:
     cap = write_capture(tmp_path / "cap32", hidden=32, shards=1, rows=300)
     line = one_line_error(capsys, "diagnose", cap, "--profile", inputs.profile)
-    assert "hidden size 32" in line and "64" in line
+    assert "the profile is of another model (hidden size 64, this model's is 32)" in line
 
 
 def test_capture_mixing_two_wirings_is_an_input_error(inputs: Inputs, tmp_path: Path, capsys) -> None:

@@ -77,7 +77,9 @@ def test_ids_location() -> None:
         llama(None, ids_location=IdsLocation.TOP_LEVEL, top_level_layer_ids=[3, 17, 30])
     )
     assert sev(top, Code.LAYER_IDS_IGNORED) == ["critical"]
-    assert "[2, 16, 29]" in top[0].fix  # the SGLang draft-config ids for the same layers
+    # the fix moves the key; ids meant for vLLM get SGLang's draft-config ids for the same layers
+    assert top[0].fix.startswith("move eagle_aux_hidden_state_layer_ids from the top level")
+    assert "unchanged if they are SGLang/SpecForge ids" in top[0].fix and "as [2, 16, 29]" in top[0].fix
     # top-level ids that happen to be the default: still ignored, but harmless
     same = check_layer_id_location(
         llama(None, ids_location=IdsLocation.TOP_LEVEL, top_level_layer_ids=[2, 16, 29])

@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "~30 s) instead of hs_tracer's mirror of it")
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (docs/interfaces.md; plus a 'preflight' key)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show the engine's own layer numbering (layers_to_capture) and the profile's "
+                        "raw ids beside the canonical sources")
     p.set_defaults(func=run)
 
 
@@ -66,32 +69,37 @@ def run(args: argparse.Namespace) -> int:
         out["preflight"] = result.summary
         print(json.dumps(out, indent=2))
     else:
-        print(human(result))
+        print(human(result, verbose=args.verbose))
     return result.report.exit_code
 
 
-def human(result) -> str:
-    """The summary (what SGLang will do) then one line per finding with its fix."""
+def human(result, verbose: bool = False) -> str:
+    """The summary (what SGLang will do) then one line per finding with its fix, then the verdict.
+    Layers are named by canonical source (docs/glossary.md); ``verbose`` adds SGLang's own numbering."""
     s = result.summary
     d, t, e = s["draft"], s["target"], s["engine"]
     spec = e["spec_args"]
+    fed = ", ".join(e["sources"]) or "no aux hidden states"
+    raw = f" (layers_to_capture {e['layers_to_capture']})" if verbose else ""
     lines = [
         *result.report.causes_human(),
         f"draft:  {d['path']} ({d['format']}, {d['architecture'] or 'no architecture'}), fc in "
         f"{d['fc_in_features']}, layer ids {d['layer_ids']} [{d['layer_ids_location']}]",
         f"target: {t['architecture']} (SGLang's {t['family']} layer-id rule), {t['num_layers']} layers, "
         f"hidden {t['hidden_size']}",
-        f"engine: {e['name']} captures layers_to_capture {e['layers_to_capture']} -> sources {e['sources']}; "
+        f"engine: {e['name']} feeds {fed}{raw}; "
         f"{spec['speculative_algorithm']} steps={spec['speculative_num_steps']} "
         f"topk={spec['speculative_eagle_topk']} draft_tokens={spec['speculative_num_draft_tokens']} "
         f"({e['spec_args_method']})",
     ]
     if s.get("trained_sources") is not None:
         prov = s.get("profile") or {}
-        origin = (f" (profile: {prov.get('producer')} data, ids {prov.get('layer_ids')} in the "
-                  f"{prov.get('convention')} convention)") if prov else ""
-        lines.append(f"trained on: {s['trained_sources']}{origin}")
+        origin = f" (profile of {prov.get('producer')} data" if prov else ""
+        if prov and verbose:
+            origin += f", ids {prov.get('layer_ids')} in the {prov.get('convention')} convention"
+        lines.append(f"trained on: {', '.join(s['trained_sources'])}{origin + ')' if origin else ''}")
     lines.append(result.report.human(lead=False))
+    lines.append(result.report.verdict())
     return "\n".join(lines)
 
 

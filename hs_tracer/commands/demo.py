@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the diagnoses as JSON (the report keys of docs/interfaces.md)")
     p.add_argument("--verbose", action="store_true",
-                   help="show SGLang's own output (by default it goes to a log file named at the end)")
+                   help="show SGLang's own output (by default it goes to a log file named first) and "
+                        "SGLang's own layer numbering (layers_to_capture) beside the canonical sources")
     p.set_defaults(func=run)
 
 
@@ -48,9 +49,15 @@ def run(args: argparse.Namespace) -> int:
 
     if not testbed_installed():
         raise UsageError(TESTBED_MISSING)
+    from hs_tracer.inputs.env import require_valid
     from hs_tracer.inputs.model_config import check_draft, check_target
     from hs_tracer.inputs.profile import load_profile
     from hs_tracer_testbed import demo
+
+    # The settings the engines will run with, checked here: the plugin would say what is wrong only in
+    # SGLang's log, after a minute, with tracing off.
+    require_valid({**os.environ, **demo.DEMO_ENV,
+                   **({"HS_TRACER_PROFILE": str(args.profile)} if args.profile is not None else {})})
 
     if args.target is not None:
         check_target(args.target)
@@ -77,5 +84,5 @@ def run(args: argparse.Namespace) -> int:
         out = [r.to_json() for r in runs]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
     else:
-        print(demo.human(runs))
+        print(demo.human(runs, expect_miswired=bool(scenarios), verbose=args.verbose))
     return demo.exit_code(runs, expect_miswired=bool(scenarios))

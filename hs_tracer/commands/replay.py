@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from hs_tracer.cli import UsageError
     from hs_tracer.inputs.capture import check_capture, check_live
     from hs_tracer.inputs.model_config import check_draft, check_target
-    from hs_tracer.inputs.profile import check_hidden_size, load_profile
+    from hs_tracer.inputs.profile import check_fits, load_profile
     from hs_tracer.profile.capture_format import is_capture_dir
     from hs_tracer.profile.model import ProfileError
     from hs_tracer.profile.readers import LayoutError
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                          "pass the draft's SpecForge or speculators training dump")
     if args.profile is not None:
         profile = load_profile(args.profile)
-        check_hidden_size(profile, manifest.hidden_size, f"CAPTURE_DIR {args.capture}", args.profile)
+        check_fits(profile, f"CAPTURE_DIR {args.capture}", args.profile, hidden_size=manifest.hidden_size,
+                   num_layers=manifest.num_layers)
         if args.training_data is not None:
             check_live(args.training_data, profile, args.profile, "--training-data")
     try:

@@ -90,7 +90,11 @@ def _root(cause: str, idx: list[int], findings: list[Finding]) -> RootCause:
     lead = min(own, key=lambda f: (_RANK[f.severity], f.slot is not None))
     summary, fix = lead.message, lead.fix
     wiring = next((f for f in own if "fed" in f.details and "trained" in f.details), None)
-    if cause == LAYER_IDS and wiring is not None:
+    misplaced = next((f for f in own if f.details.get("misplaced")), None)
+    if cause == LAYER_IDS and misplaced is not None:
+        # the ids are right where the key sits wrong: the fix moves the key (with the ids it must carry)
+        summary, fix = misplaced.message, misplaced.fix
+    elif cause == LAYER_IDS and wiring is not None:
         d = wiring.details
         summary = (f"the draft config's layer ids {d.get('ids')} make SGLang feed {_fmt(d['fed'])}; "
                    "the draft "

@@ -40,6 +40,7 @@ class Code(str, enum.Enum):
     INSUFFICIENT_DATA = "insufficient_data"  # info: too few tokens (or no profile) to decide yet
     NORM_FLAGS = "norm_flags"  # a draft normalisation flag the engine applies differently from training
     FEATURES_FROM_OTHER_REQUESTS = "features_from_other_requests"  # right layers, other requests' tokens
+    PROFILE_MISMATCH = "profile_mismatch"  # warning: the reference profile is of another model, unused
 
 
 NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)
@@ -79,19 +80,48 @@ class Finding:
 
 @dataclass
 class SlotVerdict:
-    """What one slot of the draft input carries, compared with what the draft was trained on."""
+    """What one slot of the draft input carries, compared with what the draft was trained on.
+
+    ``score`` (kept for the JSON) is ``0.5 ** distance``: 1 identical, 0.5 at the calibrated
+    same-source level. ``distance`` says the same in the unit a reader can judge: the divergence of
+    the slot's statistics from the observed source's, in multiples of that level (up to 1: the same
+    source); ``alternative`` is the source a reader would compare with (the trained one when another
+    was observed, else the nearest other) at ``alternative_distance``. A preflight slot (from the
+    config, nothing measured) has no distance.
+    """
 
     index: int
     expected_source: str
     observed_source: str
     score: float
     margin: float | None = None
+    distance: float | None = None
+    alternative: str | None = None
+    alternative_distance: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.margin is None:
-            del out["margin"]
-        return out
+        return {k: v for k, v in asdict(self).items() if v is not None or k == "score"}
+
+    def evidence(self) -> str:
+        """The slot's evidence in words: what it matches, how near, and what the other candidate would be."""
+        if self.distance is None:
+            return "(from the config; nothing measured)"
+        if self.observed_source == self.expected_source:
+            near = "matches training"
+        elif self.observed_source == "unknown":  # sources.UNKNOWN: no candidate is near enough
+            near = "no source fits"
+        else:
+            near = f"nearest is {self.observed_source}"
+        other = ""
+        if self.alternative is not None and self.alternative_distance is not None:
+            trained = " (trained)" if self.alternative == self.expected_source else ""
+            other = f"; {self.alternative}{trained} would be {_num(self.alternative_distance)}"
+        return f"{near} (distance {_num(self.distance)}{other})"
+
+
+def _num(x: float) -> str:
+    """Distances span 0.001..1000: two significant digits read at any scale."""
+    return f"{x:.2g}" if x < 10 else f"{x:.0f}"
 
 
 @dataclass
@@ -172,16 +202,35 @@ class Report:
                 lines.append(f"  fix: {r.fix}")
         return lines
 
+    def verdict(self) -> str:
+        """One line: what a person must do, from the first root cause (or that nothing is needed, and
+        what was not checked when an info finding says so)."""
+        causes = self.root_causes()
+        first = causes[0] if causes else None
+        more = f" ({len(causes) - 1} more cause(s) above)" if len(causes) > 1 else ""
+        if first is not None and first.severity is Severity.CRITICAL:
+            return f"verdict: fix this before relying on speculation: {first.fix or first.summary}{more}"
+        if first is not None:
+            return f"verdict: speculation is served as trained; to do: {first.fix or first.summary}{more}"
+        unchecked = next((f for f in self.findings if f.code is Code.INSUFFICIENT_DATA), None)
+        if unchecked is not None:
+            then = f"; {unchecked.fix}" if unchecked.fix else ""
+            return f"verdict: nothing to fix in what was checked, but {unchecked.message}{then}"
+        if self.slots:
+            return "verdict: nothing to do: the draft is fed what it was trained on"
+        return "verdict: nothing to do: no problem found"
+
     def human(self, lead: bool = True) -> str:
         """Root causes first (unless the caller printed them already), then status, slots, evidence."""
         lines = self.causes_human() if lead else []
-        lines.append(f"status: {self.status}")
+        unchecked = self.status == "ok" and any(f.code is Code.INSUFFICIENT_DATA for f in self.findings)
+        lines.append(f"status: {self.status}" + (" (not everything was checked: see the info below)"
+                                                  if unchecked else ""))
         for s in self.slots:
-            mark = "" if s.expected_source == s.observed_source else "   <-- mismatch"
-            lines.append(
-                f"  slot {s.index}: trained on {s.expected_source:<12} observed {s.observed_source:<12}"
-                f" score {s.score:.3f}{mark}"
-            )
+            mark = "" if s.expected_source == s.observed_source else "<-- mismatch: "
+            seen = "observed" if s.distance is not None else "fed     "
+            lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "
+                         f"{s.observed_source:<10} {mark}{s.evidence()}")
         if self.acceptance:
             a = self.acceptance
             rates = ", ".join(f"{r:.2f}" for r in a.per_position_rate)

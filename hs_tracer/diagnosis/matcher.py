@@ -215,13 +215,24 @@ def slot_findings(
         margin = None
         if m.d_runner_up is not None:
             margin = round(score_of(m.d_best, t_match) - score_of(m.d_runner_up, t_match), 4)
-        verdicts.append(
-            SlotVerdict(m.index, m.expected, m.observed, round(score_of(d_obs, t_match), 4), margin)
-        )
+        if m.observed == m.expected:  # the nearest other candidate
+            alt, d_alt = (m.runner_up, m.d_runner_up) if m.best == m.expected else (m.best, m.d_best)
+        else:  # what the trained source would have scored
+            alt, d_alt = m.expected, m.d_expected
+        unit = t_match if t_match > 0 else 1.0
+        verdicts.append(SlotVerdict(
+            m.index, m.expected, m.observed, round(score_of(d_obs, t_match), 4), margin,
+            distance=_rounded(d_obs / unit), alternative=alt,
+            alternative_distance=None if d_alt is None or alt is None else _rounded(d_alt / unit)))
         if m.expected == UNKNOWN or m.verdict == "ok":
             continue  # slots beyond the trained K: the width finding already says so
         findings.append(_slot_finding(m, t_match, has_atlas))
     return verdicts, findings
+
+
+def _rounded(x: float) -> float | None:
+    """Distances in the report: 4 significant digits (JSON has no infinity: an unknown is None)."""
+    return float(f"{x:.4g}") if np.isfinite(x) else None
 
 
 def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:

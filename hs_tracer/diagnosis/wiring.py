@@ -157,8 +157,9 @@ def check_algorithm(w: Wiring) -> list[Finding]:
     return []
 
 
-def check_layer_id_location(w: Wiring) -> list[Finding]:
-    """Ids the engine never reads (top level, or an unreadable ``eagle_config``) or none at all."""
+def check_layer_id_location(w: Wiring, trained: Sequence[str] | None = None) -> list[Finding]:
+    """Ids the engine never reads (top level, or an unreadable ``eagle_config``) or none at all;
+    ``trained`` (the profile's sources, when known) says which ids a moved key must carry."""
     if not w.aux_enabled:
         return []
     default = src.sglang_sources(None, w.family, w.num_layers, sglang_version=w.sglang_version).sources
@@ -176,11 +177,9 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
             f"eagle_aux_hidden_state_layer_ids {ids} sit at the top level of the draft config; SGLang "
             f"reads only eagle_config.eagle_aux_hidden_state_layer_ids and captures its default "
             f"{_fmt(default)} instead (read as speculators/vLLM ids they mean {_fmt(meant or [])}).{shift}",
-            _ids_fix(w, meant) if meant else
-            "move the ids into eagle_config.eagle_aux_hidden_state_layer_ids, converted to SGLang's "
-            "draft-config convention (docs/preflight.md)",
+            _move_fix(w, ids, trained),
             expected=_fmt(meant) if meant else None, observed=_fmt(default),
-            details={"top_level_ids": ids})]
+            details={"top_level_ids": ids, "misplaced": True})]
     if not w.eagle_config_is_dict:
         return [Finding(
             Code.LAYER_IDS_IGNORED, Severity.WARNING,
@@ -205,6 +204,34 @@ def check_layer_id_location(w: Wiring) -> list[Finding]:
             "keep one list (nested for SGLang) or make both name the same layers",
             details={"top_level_ids": w.top_level_layer_ids, "nested_ids": w.engine_layer_ids})]
     return []
+
+
+def _move_fix(w: Wiring, ids: list[int], trained: Sequence[str] | None) -> str:
+    """The fix for ids at the top level: move the key under ``eagle_config`` (the only place SGLang
+    reads for the target's capture), with the ids that feed the training layers when they are known."""
+    move = ("move eagle_aux_hidden_state_layer_ids from the top level of config.json into eagle_config, "
+            "the only place SGLang reads the target's capture layers from")
+    if trained is not None:
+        want = ids_for_sources(w, trained)
+        if want is None:
+            return f"{move}; {_ids_fix(w, trained)}"
+        if want == list(ids):
+            return (f"{move}; unchanged, {ids} make SGLang feed {_fmt(trained)}, the layers the draft was "
+                    "trained on")
+        return (f"{move}, as {want}: SGLang then feeds {_fmt(trained)}, the layers the draft was trained "
+                f"on ({ids} count layers another way)")
+    try:
+        as_is = src.sglang_sources(ids, w.family, w.num_layers, sglang_version=w.sglang_version).sources
+    except ValueError:
+        as_is = None
+    meant = _sources_or_none(ids, src.Convention.SPECULATORS, w.num_layers)
+    converted = ids_for_sources(w, meant) if meant else None
+    if converted is None or converted == list(ids):
+        then = f"; SGLang then feeds {_fmt(as_is)}" if as_is else ""
+        return f"{move}{then}"
+    return (f"{move}; unchanged if they are SGLang/SpecForge ids (SGLang then feeds {_fmt(as_is or [])}), or "
+            f"as {converted} if they were written for vLLM (speculators' convention: {_fmt(meant or [])}); "
+            "--profile tells which")
 
 
 def _defaults(w: Wiring) -> str:
@@ -432,7 +459,7 @@ def check_wiring(w: Wiring, trained_sources: Sequence[str] | None = None) -> lis
     stand in for the training provenance.
     """
     findings = check_algorithm(w)
-    findings += check_layer_id_location(w)
+    findings += check_layer_id_location(w, trained_sources)
     findings += check_layer_ids(w)
     if trained_sources is not None:
         against = check_against_training(w, trained_sources)

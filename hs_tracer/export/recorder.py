@@ -87,7 +87,8 @@ def export_setup(st: TracerState) -> ExportSetup:
     assert st.wiring is not None and st.ranks is not None
     c = st.config
     return ExportSetup(wiring=st.wiring, ranks=st.ranks, static_findings=list(st.static_findings),
-                       draft_config=dict(st.draft_config), profile=c.profile, span_sample=c.span_sample,
+                       draft_config=dict(st.draft_config),
+                       profile=c.profile if st.profile_fits else None, span_sample=c.span_sample,
                        metrics_port=c.metrics_port, metrics_addr=c.metrics_addr)
 
 

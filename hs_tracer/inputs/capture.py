@@ -107,19 +107,22 @@ def _shard_problem(file: Path, table: dict[str, Any], entry: dict[str, Any], wid
 
 
 def check_live(path: str | Path, profile: Profile, profile_path: Path, what: str = "LIVE") -> None:
-    """A capture or training dump to judge against ``profile``: readable, and of the profile's hidden size."""
-    from hs_tracer.inputs.profile import check_hidden_size
+    """A capture or training dump to judge against ``profile``: readable, and of the profile's model."""
+    from hs_tracer.inputs.profile import check_fits
     from hs_tracer.profile import readers
 
     path = Path(path)
     where = f"{what} {path}"
     if not path.exists():
         raise InputError(where, "no such file or directory", "pass a capture, SpecForge or speculators dir")
+    num_layers = None
     if cf.is_capture_dir(path):
-        hidden: int | None = check_capture(path, what).hidden_size
+        manifest = check_capture(path, what)
+        hidden: int | None = manifest.hidden_size
+        num_layers = manifest.num_layers
     else:
         try:
             hidden = readers.detect(path).layout().hidden_size
         except (readers.LayoutError, ValueError, OSError) as exc:
             raise InputError(where, str(exc), "pass a capture, SpecForge or speculators dir") from None
-    check_hidden_size(profile, hidden, where, profile_path)
+    check_fits(profile, where, profile_path, hidden_size=hidden, num_layers=num_layers)

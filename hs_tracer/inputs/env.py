@@ -84,12 +84,29 @@ def problems(environ: Mapping[str, str], cfg: config.TracerConfig) -> list[str]:
     return found
 
 
-def validate(environ: Mapping[str, str] = os.environ) -> tuple[config.TracerConfig, str | None]:
-    """The settings, and one line saying everything that is wrong with them (None when valid)."""
+def _errors(environ: Mapping[str, str]) -> tuple[config.TracerConfig, list[str]]:
     cfg, errors = config.load(environ)
     if not errors:
         errors = problems(environ, cfg)
+    return cfg, [" ".join(e.split()) for e in errors]
+
+
+def validate(environ: Mapping[str, str] = os.environ) -> tuple[config.TracerConfig, str | None]:
+    """The settings, and one line saying everything that is wrong with them (None when valid)."""
+    cfg, errors = _errors(environ)
     if not errors:
         return cfg, None
-    return cfg, "hs_tracer: tracing stays off, invalid settings: " + " | ".join(
-        " ".join(e.split()) for e in errors)
+    return cfg, "hs_tracer: tracing stays off, invalid settings: " + " | ".join(errors)
+
+
+def require_valid(environ: Mapping[str, str] = os.environ) -> config.TracerConfig:
+    """For a launcher that starts an engine itself (``hs-tracer demo``, the testbed launcher): the
+    plugin's checks, raised as :class:`InputError` before the engine starts, so the line reaches the
+    terminal and not only the scheduler's log. Nothing to check while ``HS_TRACER`` is off (the
+    plugin then reads no other variable)."""
+    if not config.enabled(environ):
+        return config.TracerConfig()
+    cfg, errors = _errors(environ)
+    if errors:
+        raise InputError(" | ".join(errors))
+    return cfg

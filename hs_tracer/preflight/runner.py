@@ -22,6 +22,7 @@ from hs_tracer.preflight.spec_args import SpecResolution, resolve_spec_args, spe
 from hs_tracer.preflight.vocab_map import check_vocab_mapping
 from hs_tracer.preflight.weight_checks import check_weights
 from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
+from hs_tracer.profile.model import ProfileError
 from hs_tracer.sources import NEWEST_SGLANG
 
 
@@ -142,11 +143,15 @@ def run_check(
     findings: list[Finding] = check_format(draft) + check_flags(draft)
     provenance = None
     if profile is not None:
-        from hs_tracer.preflight.profile_sources import check_profile_target, read_provenance
+        from hs_tracer.inputs.profile import OTHER_MODEL_FIX, other_model
+        from hs_tracer.preflight.profile_sources import read_provenance
 
         provenance = read_provenance(profile)
+        problem = other_model(provenance.meta, hidden_size=tgt.hidden_size, num_layers=tgt.num_hidden_layers,
+                              draft_vocab=draft.draft_vocab_size or draft.vocab_size)
+        if problem:  # nothing below could be judged against it: one line, no finding about the draft
+            raise ProfileError(f"--profile {profile}: {problem}; {OTHER_MODEL_FIX}")
         trained_sources = provenance.sources
-        findings += check_profile_target(provenance, tgt.num_hidden_layers, tgt.hidden_size)
     ckpt = read_checkpoint(draft_dir)
 
     missing_dims = mla_dims_missing(draft) if is_mla(draft) else []
@@ -183,6 +188,13 @@ def run_check(
     wiring = build_wiring(draft, tgt, ckpt, spec.algorithm, sglang_version)
     findings += check_wiring(wiring, trained_sources)
 
+    if trained_sources is None and wiring.aux_enabled:
+        findings.append(Finding(
+            Code.INSUFFICIENT_DATA, Severity.INFO,
+            "the layers SGLang will feed were not compared with the draft's training data (no --profile; "
+            "the draft's own ids were read as SpecForge block outputs, so a wrong id there goes unseen)",
+            "build the training data's profile (hs-tracer profile build DATA -o P --draft D --target T) and "
+            "run hs-tracer check with --profile P"))
     fed = capture(wiring)
     report = Report(findings=_ordered(findings))
     if trained_sources is not None and wiring.aux_enabled:

@@ -81,7 +81,9 @@ def check_weights(draft: DraftConfig, ckpt: Checkpoint) -> tuple[list[Finding], 
                 f"{len(verifier)} verifier tensor(s) are ignored (the target's own head is used): "
                 f"{_names(verifier)}", "", details={"keys": verifier}))
 
-    missing = plan.missing(replaced)
+    # a weight that exists but has the wrong shape is reported once, as the shape error above (the
+    # loader fails on it): it is not also "missing"
+    missing = plan.missing(replaced | {param for _key, param, _got, _want in plan.shape_errors})
     if missing:
         head = "lm_head.weight" in missing
         msg = (f"{len(missing)} draft parameter(s) get no weights and stay at random init: {_names(missing)}")

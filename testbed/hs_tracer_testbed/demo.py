@@ -124,6 +124,20 @@ def testbed_profile(tb: TestbedPaths) -> Path:
     return out
 
 
+def check_profile_fits(profile: Path, target: Path, draft: Path | None) -> None:
+    """A profile of another model, said in one line before any engine starts (an input error)."""
+    from hs_tracer.inputs.profile import check_fits, load_profile
+    from hs_tracer.preflight.config import read_draft_config, read_target_config
+
+    tgt = read_target_config(target)
+    vocab = None
+    if draft is not None:
+        d = read_draft_config(draft)
+        vocab = d.draft_vocab_size or d.vocab_size
+    check_fits(load_profile(profile), f"target {target}", profile, hidden_size=tgt.hidden_size,
+               num_layers=tgt.num_hidden_layers, draft_vocab=vocab)
+
+
 @contextmanager
 def output_to(log: Path | None) -> Iterator[None]:
     """Send everything this process and the processes it starts write to stdout and stderr (SGLang's
@@ -164,6 +178,8 @@ def run(target: Path | None = None, draft: Path | None = None, *, profile: Path 
             tb = ensure_testbed()
             target, draft = tb.target, draft or tb.draft
             profile = profile or testbed_profile(tb)
+        if profile is not None:
+            check_profile_fits(profile, target, draft)
         plan = [("as configured", draft)]
         for scenario in scenarios or []:
             assert draft is not None
@@ -177,27 +193,51 @@ def run(target: Path | None = None, draft: Path | None = None, *, profile: Path 
     return runs
 
 
-def human(runs: list[Run]) -> str:
+def human(runs: list[Run], expect_miswired: bool = False, verbose: bool = False) -> str:
     """Per run: the models and wiring, two sample outputs, then the diagnosis as every hs_tracer
-    command prints it (:meth:`Report.human`)."""
+    command prints it (:meth:`Report.human`); last, one line saying what a person must do. Layers are
+    named by canonical source; ``verbose`` adds SGLang's own numbering (layers_to_capture)."""
     from hs_tracer.diagnosis.findings import Report
 
     lines: list[str] = []
-    for r in runs:
+    for i, r in enumerate(runs):
         d = r.to_json()
-        lines.append(f"== {r.name}: draft {r.draft or '(none: plain decoding)'}")
+        deliberate = " (deliberate: its critical findings are the expected answer)" if i else ""
+        lines.append(f"== {r.name}: draft {r.draft or '(none: plain decoding)'}{deliberate}")
         w = d["wiring"] or {}
         if w:
+            raw = f" (layers_to_capture {w.get('layers_to_capture')})" if verbose else ""
             lines.append(f"   wiring: {w.get('target_arch')} with {w.get('num_layers')} layers, hidden "
-                         f"{w.get('hidden_size')}; the target captures layers {w.get('layers_to_capture')}"
-                         f" = {', '.join(w.get('sources') or [])}")
+                         f"{w.get('hidden_size')}; the draft is fed {', '.join(w.get('sources') or [])}{raw}")
         for prompt, out in list(zip(r.prompts, r.outputs, strict=True))[:2]:
             lines.append(f"   {prompt!r} -> {out.strip()!r}")
         if d["status"] == "unknown":
             lines.append("   status: unknown (no scheduler reported a diagnosis)")
             continue
         lines.extend("   " + line for line in Report.from_json(r.diagnosis).human().splitlines())
+    lines.append(verdict(runs, expect_miswired))
     return "\n".join(lines)
+
+
+def verdict(runs: list[Run], expect_miswired: bool) -> str:
+    """The demo's last line: what a person must do about the draft as configured (or that nothing is
+    needed), and whether every deliberately miswired copy was caught; agrees with :func:`exit_code`."""
+    from hs_tracer.diagnosis.findings import Report
+
+    first = runs[0]
+    if first.to_json()["status"] == "unknown":
+        return ("verdict: no diagnosis for the draft as configured (no scheduler reported one): read "
+                "SGLang's log named above for the engine's error")
+    configured = Report.from_json(first.diagnosis).verdict().removeprefix("verdict: ")
+    missed = [r.name.removeprefix("miswired: ") for r in runs[1:]
+              if r.to_json()["status"] not in ("miswired", "drift")]
+    if not expect_miswired or len(runs) == 1:
+        return f"verdict: {configured}"
+    if missed:
+        return (f"verdict: the draft as configured: {configured}; but hs_tracer missed the deliberate "
+                f"miswiring {', '.join(missed)} (it reported no critical finding): that is a bug to report")
+    caught = ", ".join(r.name.removeprefix("miswired: ") for r in runs[1:])
+    return f"verdict: the draft as configured: {configured}; the deliberate miswiring ({caught}) was caught"
 
 
 def exit_code(runs: list[Run], expect_miswired: bool) -> int:

@@ -54,6 +54,7 @@ class TracerState:
     target_dtype: Any = None  # torch dtype the target computes in (the probe is warmed for it)
     wiring: WiringRecord | None = None
     static_findings: list[Finding] = field(default_factory=list)
+    profile_fits: bool = True  # False: HS_TRACER_PROFILE is of another model and is not used
     captured_layers: list[list[int]] = field(default_factory=list)  # per sampled target forward
     capture_widths: list[int] = field(default_factory=list)
     handoff_widths: list[int] = field(default_factory=list)
@@ -126,10 +127,12 @@ class TracerState:
         self.wiring = wiring_record(t, self.aux, self.draft, self.spec_args, installed_version() or "")
         live = static.wiring_from_record(self.wiring)
         live = static.with_draft_config(live, self.draft_config)
-        trained = None
+        trained, unfit = None, None
         if self.config.profile is not None:
-            trained = self._trained_sources()
+            trained, unfit = self._trained_sources()
         self.static_findings = static.check_wiring(live, trained)
+        if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
+            self.static_findings.insert(0, unfit)
         for f in self.static_findings:
             logger.warning("hs_tracer: %s", f.one_line())
         if self.emitting:
@@ -179,11 +182,25 @@ class TracerState:
         if isinstance(hidden, torch.Tensor) and isinstance(slots, torch.Tensor):
             probe.record_in_graph(hidden, slots)
 
-    def _trained_sources(self) -> list[str] | None:
+    def _trained_sources(self) -> tuple[list[str] | None, Finding | None]:
+        """The profile's trained sources, or (for a profile of another model) the finding that says
+        so, with the profile left unused (:func:`hs_tracer.inputs.profile.other_model`)."""
+        from hs_tracer.diagnosis.findings import Code, Finding, Severity
+        from hs_tracer.inputs.profile import OTHER_MODEL_FIX, other_model
         from hs_tracer.profile.model import Profile
 
         assert self.config.profile is not None
-        return list(Profile.load(self.config.profile).sources)
+        profile = Profile.load(self.config.profile)
+        t = self.target
+        problem = other_model(profile.meta, hidden_size=t.get("hidden_size"), num_layers=t.get("num_layers"),
+                              draft_vocab=self.draft_config.get("draft_vocab_size"))
+        if problem:
+            self.profile_fits = False
+            # a warning: what is served may well be right; it is the reference that cannot judge it
+            return None, Finding(Code.PROFILE_MISMATCH, Severity.WARNING,
+                                 f"HS_TRACER_PROFILE={self.config.profile}: {problem}: nothing was compared "
+                                 "with training (slots, acceptance)", OTHER_MODEL_FIX)
+        return list(profile.sources), None
 
     def _make_probes(self) -> tuple[FingerprintProbe | None, FingerprintProbe | None]:
         """The decode and prefill probe (one and the same on a combined instance), built and

@@ -148,7 +148,12 @@ def start_engine(
     ``{"HS_TRACER": "1"}``); they stay set afterwards, like the runtime env itself (use
     :func:`engine` to have them restored). ``overrides`` go to ``sgl.Engine`` unchanged and win over
     the defaults (``DEFAULT_ENGINE_KWARGS``). The caller must call ``shutdown()`` on the result.
+    With ``HS_TRACER`` on, invalid tracer settings raise :class:`hs_tracer.inputs.InputError` (the
+    plugin's message) before anything starts.
     """
+    from hs_tracer.inputs.env import require_valid
+
+    require_valid({**os.environ, **(env or {})})  # a bad HS_TRACER_* setting: one line, no engine
     prepare_process(env)
     import sglang as sgl
 

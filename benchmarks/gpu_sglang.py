@@ -285,10 +285,9 @@ def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int,
     live = [s for s in servers if s.error is None]
 
     def one(s: Server) -> tuple[str, dict[str, Any]]:
-        rounds = []
+        outputs = []
         for _ in range(rounds):  # rounds 2.. re-send the prompts: served from the radix cache
-            outs = generate(s, {"prompt": prompts, "sampling_params": sampling})
-            rounds.append(outs)
+            outputs.append(generate(s, {"prompt": prompts, "sampling_params": sampling}))
         logprobs = None
         if s.name == "plain":  # once more with the top-2 log-probabilities of every output token
             logprobs = generate(s, {"prompt": prompts, "sampling_params": sampling, "return_logprob": True,
@@ -301,7 +300,7 @@ def run_testbed(servers: list[Server], prompts: list[str], max_new_tokens: int,
 
             metrics = [scrape(metrics_port_for(Ranks(**rep["ranks"]), METRICS_BASE_PORT))
                        for rep in reps if rep.get("emitting") and rep.get("ranks")]
-        return s.name, {"rounds": rounds, "reports": reps, "metrics": metrics, "logprobs": logprobs}
+        return s.name, {"rounds": outputs, "reports": reps, "metrics": metrics, "logprobs": logprobs}
 
     with ThreadPoolExecutor(len(live) or 1) as pool:
         for name, res in pool.map(one, live):

@@ -1,9 +1,9 @@
 """The source a benchmark ran: its commit and whether the tree had uncommitted changes.
 
-A result file is only evidence for the code that produced it. ``source_state`` asks git; where the
-checkout travels without its ``.git`` (a copied working tree on a remote machine), the caller names
-the commit in ``HS_TRACER_SOURCE_COMMIT`` (and ``HS_TRACER_SOURCE_DIRTY=0/1``), read at the machine that
-still has the repository. Nothing is guessed: an unknown commit is ``None``.
+A result file is only evidence for the code that produced it. ``source_state`` asks git, unless the
+caller names the commit in ``HS_TRACER_SOURCE_COMMIT`` (and ``HS_TRACER_SOURCE_DIRTY=0/1``), read on
+the machine that has the repository: a working tree copied to a remote machine may arrive without
+its ``.git`` or with an older one. Nothing is guessed: an unknown commit is ``None``.
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def source_state(root: Path, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """``{"commit", "dirty", "from"}`` for the checkout at ``root``: from git when ``root`` is a git
-    work tree, else from the environment the caller set, else unknown (``None``)."""
+    """``{"commit", "dirty", "from"}`` for the checkout at ``root``: what the caller declared in the
+    environment (a copied tree can carry a stale ``.git``: its files are the caller's, its HEAD is
+    not), else git's, else unknown (``None``)."""
+    if env.get(COMMIT_ENV):
+        dirty = env.get(DIRTY_ENV)
+        return {"commit": env[COMMIT_ENV], "dirty": None if dirty is None else dirty == "1",
+                "from": COMMIT_ENV}
     commit = _git(root, "rev-parse", "HEAD")
     if commit is not None:
         status = _git(root, "status", "--porcelain", "--untracked-files=no")
         return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip()),
                 "from": "git"}
-    if env.get(COMMIT_ENV):
-        dirty = env.get(DIRTY_ENV)
-        return {"commit": env[COMMIT_ENV], "dirty": None if dirty is None else dirty == "1",
-                "from": COMMIT_ENV}
     return {"commit": None, "dirty": None, "from": None}

@@ -1,5 +1,5 @@
-"""The commit a benchmark result names: from git where the checkout is a git work tree (dirty when a
-tracked file differs), else from the caller's environment, else unknown."""
+"""The commit a benchmark result names: the caller's declaration, else git's (dirty when a tracked file
+differs), else unknown."""
 
 from __future__ import annotations
 
@@ -36,10 +36,11 @@ def test_commit_and_dirty_come_from_git_then_the_environment(tmp_path: Path) -> 
     (repo / "new.txt").write_text("untracked files are not code that ran\n")
     assert prov.source_state(repo, env={})["dirty"] is False
     (repo / "a.py").write_text("x = 2\n")
-    assert prov.source_state(repo, env={prov.COMMIT_ENV: "ignored"}) == {"commit": head, "dirty": True,
-                                                                        "from": "git"}
-    plain = tmp_path / "copy"  # a copied tree without .git
+    assert prov.source_state(repo, env={}) == {"commit": head, "dirty": True, "from": "git"}
+    # a copied tree whose .git is stale or missing: the caller's declaration wins
+    env = {prov.COMMIT_ENV: "abc123", prov.DIRTY_ENV: "0"}
+    assert prov.source_state(repo, env=env) == {"commit": "abc123", "dirty": False, "from": prov.COMMIT_ENV}
+    plain = tmp_path / "copy"
     plain.mkdir()
-    env = {prov.COMMIT_ENV: "abc123", prov.DIRTY_ENV: "1"}
-    assert prov.source_state(plain, env=env) == {"commit": "abc123", "dirty": True, "from": prov.COMMIT_ENV}
+    assert prov.source_state(plain, env={prov.COMMIT_ENV: "abc123"})["dirty"] is None
     assert prov.source_state(plain, env={}) == {"commit": None, "dirty": None, "from": None}

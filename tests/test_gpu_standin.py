@@ -500,3 +500,42 @@ def test_divergence_margins_read_plain_decodings_top2_where_eagle_first_differs(
     assert got["median_margin_all_positions"] == pytest.approx(2.0)
     assert got["share_of_positions_at_or_below_max"] == pytest.approx(1 / 6)
     assert mod.plain_reference("tree_fp32_on") == "plain_fp32" and mod.plain_reference("tree_on") == "plain"
+
+
+def test_testbed_summary_compares_every_round_on_off_and_each_engine_against_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rounds: tracing on/off and EAGLE/plain per round, each engine's later rounds against its
+    first (run-to-run variation), and the Markdown names every round."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sglang", ROOT / "benchmarks" / "gpu_sglang.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_sglang", mod)
+    spec.loader.exec_module(mod)
+    servers = mod.testbed_servers(Path("t"), Path("d"), Path("s"), Path("p"), 1, deterministic=True)
+    names = [s.name for s in servers]
+    assert {"chain_fp32_off", "tree_fp32_off"} <= set(names)
+    assert all("--enable-deterministic-inference" in s.args for s in servers)
+    assert not any("--enable-deterministic-inference" in s.args
+                   for s in mod.testbed_servers(Path("t"), Path("d"), Path("s"), Path("p"), 1))
+
+    def outs(seqs: list[list[int]]) -> list[dict[str, Any]]:
+        return [{"output_ids": x, "meta_info": {"spec_verify_ct": 2, "spec_num_correct_drafts": 1}}
+                for x in seqs]
+
+    same, other = [[1, 2], [3, 4]], [[1, 2], [3, 5]]
+    runs = {n: {"rounds": [outs(same)] * 3, "reports": [], "metrics": None, "logprobs": None} for n in names}
+    runs["tree_fp32_on"]["rounds"] = [outs(same), outs(other), outs(same)]
+    tb = mod.summarize_testbed(servers, runs)
+    assert [r["identical"] for r in tb["tracing_on_vs_off"]["tree_fp32_on vs tree_fp32_off"]] == [
+        True, False, True]
+    assert all(r["identical"] for r in tb["tracing_on_vs_off"]["chain_on vs chain_off"])
+    assert [r["identical"] for r in tb["rounds_vs_round_1"]["tree_fp32_on"]] == [False, True]
+    assert [r["identical"] for r in tb["lossless_vs_plain"]["tree_fp32_on"]] == [True, False, True]
+    text = mod.markdown({"sglang": "0.5.23", "tp": 1, "date": "d", "cuda_graphs": "on",
+                         "overlap_scheduler": "on", "radix_cache": "on", "method": "m", "server_flags": [],
+                         "deterministic_inference": True, "source": {"commit": "abc", "dirty": False},
+                         "testbed": tb})
+    assert "tree_fp32_on vs tree_fp32_off: identical / 1/2 differ / identical" in text
+    assert "Source: commit abc (clean tree)" in text and "deterministic inference: on" in text

@@ -1,9 +1,11 @@
 """The source a benchmark ran: its commit and whether the tree had uncommitted changes.
 
 A result file is only evidence for the code that produced it. ``source_state`` asks git, unless the
-caller names the commit in ``HS_TRACER_SOURCE_COMMIT`` (and ``HS_TRACER_SOURCE_DIRTY=0/1``), read on
+caller names the commit in ``BENCH_SOURCE_COMMIT`` (and ``BENCH_SOURCE_DIRTY=0/1``), read on
 the machine that has the repository: a working tree copied to a remote machine may arrive without
-its ``.git`` or with an older one. Nothing is guessed: an unknown commit is ``None``.
+its ``.git`` or with an older one. (Not an ``HS_TRACER_`` name: hs_tracer refuses settings it does not
+know, and engines inherit the benchmark's environment.) Nothing is guessed: an unknown commit is
+``None``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-COMMIT_ENV = "HS_TRACER_SOURCE_COMMIT"
-DIRTY_ENV = "HS_TRACER_SOURCE_DIRTY"
+COMMIT_ENV = "BENCH_SOURCE_COMMIT"
+DIRTY_ENV = "BENCH_SOURCE_DIRTY"
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -500,6 +500,7 @@ def test_divergence_margins_read_plain_decodings_top2_where_eagle_first_differs(
     assert got["median_margin_all_positions"] == pytest.approx(2.0)
     assert got["share_of_positions_at_or_below_max"] == pytest.approx(1 / 6)
     assert mod.plain_reference("tree_fp32_on") == "plain_fp32" and mod.plain_reference("tree_on") == "plain"
+    assert mod.plain_reference("tree_fp32_off") == "plain_fp32"
 
 
 def test_testbed_summary_compares_every_round_on_off_and_each_engine_against_itself(

@@ -91,8 +91,9 @@ def _runbook_sections() -> dict[str, str]:
 def test_alert_has_annotations_and_a_runbook_section(rule: dict) -> None:
     ann = rule["annotations"]
     assert ann["summary"] and ann["description"]
-    path, anchor = ann["runbook_url"].split("#")
-    assert (ROOT / path) == RUNBOOK
+    # absolute (a pager opens it outside any checkout), from the one configurable base
+    base, anchor = ann["runbook_url"].split("#")
+    assert base == alerts.RUNBOOK_BASE and base.startswith("https://") and base.endswith("docs/runbook.md")
     sections = _runbook_sections()
     assert anchor in sections, f"docs/runbook.md has no section '## {rule['alert']}'"
     body = sections[anchor]
@@ -125,3 +126,24 @@ def test_rule_labels_do_not_clash_with_series_labels() -> None:
     for g in alerts.groups():
         for r in g["rules"]:
             assert not set(r["labels"]) & series_labels, r["alert"]
+
+
+def test_runbook_base_is_one_setting(tmp_path: Path) -> None:
+    """``hs-tracer dashboards build --runbook-base URL`` relinks every rule and nothing else; a relative
+    base is refused with one line."""
+    from hs_tracer.cli import main
+
+    base = "https://wiki.example.com/ops/hs_tracer/runbook.md"
+    root = tmp_path / "out"
+    (root / "grafana/dashboards").mkdir(parents=True)
+    assert main(["dashboards", "build", "--root", str(root), "--runbook-base", base]) == 0
+    rules = yaml.safe_load((root / RULES_FILE).read_text())
+    urls = [r["annotations"]["runbook_url"] for g in rules["groups"] for r in g["rules"]]
+    assert urls == [f"{base}#{name.lower()}" for name in alerts.alert_names()]
+    default = yaml.safe_load(manifests.rules_file())
+    for g, d in zip(rules["groups"], default["groups"], strict=True):
+        for r, dr in zip(g["rules"], d["rules"], strict=True):
+            assert {**r, "annotations": {}} == {**dr, "annotations": {}}
+    with pytest.raises(ValueError, match="absolute"):
+        alerts.runbook_url("HsTracerAbsent", "docs/runbook.md")
+    assert main(["dashboards", "build", "--root", str(root), "--runbook-base", "docs/runbook.md"]) == 2

@@ -426,3 +426,39 @@ def test_per_rank_grouping_is_the_exporters_label_set() -> None:
         exporter.close()
     assert labels == {"tp_rank", "pp_rank", "dp_rank", "attn_dp_rank"}
     assert labels <= set(promql.PER_RANK.split(", "))
+
+
+def test_engine_metric_names_are_the_installed_sglang_ones() -> None:
+    """The serving row and the presence alert read SGLang's own series: each name must be one the
+    installed SGLang defines (its metrics collector's source), with the type the queries assume."""
+    import importlib.util
+
+    from hs_tracer.dashboards import engine_metrics as em
+
+    spec = importlib.util.find_spec("sglang.srt.observability.metrics_collector")
+    assert spec is not None and spec.origin
+    source = Path(spec.origin).read_text()
+    for name in em.SGLANG_METRICS:
+        assert f'name="{name}"' in source, name
+    for name, kind in ((em.SGLANG_GENERATION_TOKENS, "Counter"), (em.SGLANG_GEN_THROUGHPUT, "Gauge"),
+                       (em.SGLANG_ITL, "Histogram"), (em.SGLANG_TTFT, "Histogram"),
+                       (em.SGLANG_RUNNING_REQS, "Gauge")):
+        at = source.index(f'name="{name}"')
+        assert source[:at].rstrip().rsplit("=", 1)[-1].strip().startswith(f"{kind}("), name
+
+
+def test_dashboard_shows_serving_expectation_and_restarts() -> None:
+    """Beside acceptance: SGLang's throughput and latency (is speculation paying off?), the accept
+    length the profile expects, and a restart/redeploy annotation."""
+    d = _dashboard()
+    by_title = {p["title"]: p for p in lint.panels(d)}
+    for title, needle in (("Generation throughput", "generation_tokens"),
+                          ("Inter-token latency", "inter_token_latency_seconds_bucket"),
+                          ("Time to first token", "time_to_first_token_seconds_bucket")):
+        exprs = " ".join(t["expr"] for t in by_title[title]["targets"])
+        assert needle in exprs and 'sglang[:_]' in exprs, title
+    accept = by_title["Mean accept length per model and rank"]["targets"]
+    assert [t["refId"] for t in accept] == ["A", "B"]
+    assert "hs_tracer_expected_accept_length" in accept[1]["expr"]
+    [restarts] = d["annotations"]["list"]
+    assert "hs_tracer_start_time_seconds" in restarts["expr"] and restarts["enable"] is True

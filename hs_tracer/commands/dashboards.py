@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--root", type=Path, default=None,
                    help="folder to write into (default: the current directory when it is an hs_tracer "
                         "checkout, i.e. holds grafana/dashboards; anywhere else --root is required)")
+    b.add_argument("--runbook-base", metavar="URL", default=None,
+                   help="absolute URL of your copy of docs/runbook.md that every alert's runbook_url "
+                        "links into (default: the project's published runbook)")
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if a committed file differs from a fresh rendering")
     b.set_defaults(func=run_build)
@@ -73,15 +76,24 @@ def run_build(args: argparse.Namespace) -> int:
             raise UsageError(f"the current folder is not an hs_tracer checkout (no "
                              f"{dashboards.DASHBOARD_DIR}/ here); pass --root DIR to write grafana/ and "
                              "deploy/ under DIR")
+    if args.runbook_base is not None:
+        from hs_tracer.cli import UsageError
+        from hs_tracer.dashboards.alerts import runbook_url
+
+        try:
+            runbook_url("", args.runbook_base)
+        except ValueError as exc:
+            raise UsageError(f"--runbook-base: {exc}; e.g. https://wiki.example.com/hs_tracer/runbook.md"
+                             ) from None
     problems = lint.lint(json.loads(overview.render()), lint.OVERVIEW_EXCLUSIONS)
     for problem in problems:
         print(f"lint: {problem}", file=sys.stderr)
     if args.check:
-        stale = dashboards.stale(args.root)
+        stale = dashboards.stale(args.root, args.runbook_base)
         for rel in stale:
             print(f"stale: {rel} (run `hs-tracer dashboards build`)", file=sys.stderr)
         return 1 if stale or problems else 0
-    for path in dashboards.write(args.root):
+    for path in dashboards.write(args.root, args.runbook_base):
         print(path)
     return 1 if problems else 0
 

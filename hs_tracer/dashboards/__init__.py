@@ -17,8 +17,9 @@ PROMETHEUS_RULE = "deploy/kubernetes/prometheusrule.yaml"
 DASHBOARD_CONFIGMAP = "deploy/kubernetes/grafana-dashboard-configmap.yaml"
 
 
-def generated_files() -> dict[str, str]:
-    """Repository-relative path -> exact file content of every generated file."""
+def generated_files(runbook_base: str | None = None) -> dict[str, str]:
+    """Repository-relative path -> exact file content of every generated file (alert runbook links
+    under ``runbook_base``; None: the default the committed files carry)."""
     import json
 
     from hs_tracer.dashboards import lint, manifests, overview
@@ -28,8 +29,8 @@ def generated_files() -> dict[str, str]:
     return {
         f"{DASHBOARD_DIR}/{overview.FILENAME}": dashboard,
         f"{DASHBOARD_DIR}/.lint": manifests.lint_config(json.loads(dashboard)["title"], exclusions),
-        RULES_FILE: manifests.rules_file(),
-        PROMETHEUS_RULE: manifests.prometheus_rule(),
+        RULES_FILE: manifests.rules_file(runbook_base),
+        PROMETHEUS_RULE: manifests.prometheus_rule(runbook_base),
         DASHBOARD_CONFIGMAP: manifests.dashboard_configmap({overview.FILENAME: dashboard}),
     }
 
@@ -55,10 +56,10 @@ def alert_queries() -> dict[str, str]:
     return {r["alert"]: r["expr"] for g in alerts.groups() for r in g["rules"]}
 
 
-def write(root: Path) -> list[Path]:
+def write(root: Path, runbook_base: str | None = None) -> list[Path]:
     """Write every generated file under ``root`` (a repository checkout); returns the paths written."""
     written = []
-    for rel, content in generated_files().items():
+    for rel, content in generated_files(runbook_base).items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content, encoding="utf-8")
@@ -66,10 +67,10 @@ def write(root: Path) -> list[Path]:
     return written
 
 
-def stale(root: Path) -> list[str]:
+def stale(root: Path, runbook_base: str | None = None) -> list[str]:
     """Generated files under ``root`` that are missing or differ from what the code renders."""
     out = []
-    for rel, content in generated_files().items():
+    for rel, content in generated_files(runbook_base).items():
         path = root / rel
         if not path.is_file() or path.read_bytes() != content.encode("utf-8"):
             out.append(rel)

@@ -4,7 +4,9 @@ Every rule is evaluated per scheduler process (no aggregation, so every label of
 ranks, instance, and Kubernetes' namespace/pod -- reaches Alertmanager). Acceptance is computed from
 the counters ("rates first, then divide"), and every acceptance rule needs a minimum of traffic in
 its window so a nearly idle server does not page on noise. Each rule carries ``summary``,
-``description`` and ``runbook_url`` (an anchor in docs/runbook.md). The unit tests are
+``description`` and an absolute ``runbook_url`` (:data:`RUNBOOK_BASE` plus the section anchor in
+docs/runbook.md). The presence rules catch what the others cannot see: hs_tracer that never
+loaded or is no longer scraped. The unit tests are
 deploy/prometheus/tests/*.test.yml, run with ``promtool test rules``.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hs_tracer.dashboards import engine_metrics as em
 from hs_tracer.diagnosis.findings import NOT_WIRING
 from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.export import prometheus as m
@@ -41,13 +44,28 @@ NON_WIRING_CODES = "|".join(code.value for code in NOT_WIRING)
 """Critical findings with their own alert (drift, acceptance); the wiring alert leaves them out."""
 
 RUNBOOK = "docs/runbook.md"
+RUNBOOK_BASE = "https://github.com/hs-tracer/hs_tracer/blob/main/" + RUNBOOK
+"""Where a page's ``runbook_url`` points: docs/runbook.md as published with the project. The one
+place to change it is ``hs-tracer dashboards build --runbook-base URL`` (your wiki's or fork's copy);
+every rule's link is ``<base>#<alert name in lower case>``, so the section titles must stay."""
 WHERE = ("{{ $labels.model }} on {{ $labels.instance }} "
          "(tp {{ $labels.tp_rank }}, pp {{ $labels.pp_rank }}, dp {{ $labels.dp_rank }})")
+SCRAPED = "{{ $labels.instance }} (job {{ $labels.job }})"
+LOADED_WITHIN = "1h"
+"""How long a scrape target that served hs_tracer series still counts as one that should."""
 
 
 def runbook_anchor(alert: str) -> str:
     """The GitHub-style anchor of the runbook section titled ``alert``."""
     return alert.lower()
+
+
+def runbook_url(alert: str, base: str = RUNBOOK_BASE) -> str:
+    """The absolute link a pager opens: ``base`` (an http(s) URL) plus the alert's section anchor."""
+    if not base.startswith(("https://", "http://")):
+        raise ValueError(f"runbook base {base!r} must be an absolute http(s) URL (a pager cannot open a "
+                         "relative path)")
+    return f"{base}#{runbook_anchor(alert)}"
 
 
 def _rule(alert: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
@@ -59,7 +77,7 @@ def _rule(alert: str, expr: str, for_: str, severity: str, summary: str, descrip
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{RUNBOOK}#{runbook_anchor(alert)}",
+            "runbook_url": runbook_url(alert),
         },
     }
 
@@ -170,13 +188,60 @@ def _health_rules() -> list[dict[str, Any]]:
     ]
 
 
+def _presence_rules() -> list[dict[str, Any]]:
+    """hs_tracer that never loaded, or is no longer scraped: every other rule is silent then."""
+    return [
+        _rule(
+            "HsTracerAbsent",
+            f"absent({m.ENABLED})\n",
+            "15m", "warning",
+            "No hs_tracer metrics in Prometheus",
+            "Prometheus has had no " + m.ENABLED + " series for 15 minutes: hs_tracer never loaded in "
+            "any SGLang scheduler (HS_TRACER unset, invalid HS_TRACER_* settings, an SGLang release it "
+            "does not support, the package missing from the image) or nothing scrapes it. Until it "
+            "is back, no acceptance, wiring or drift alert can fire.",
+        ),
+        _rule(
+            "HsTracerNotLoaded",
+            f"group by (job, instance) ({em.sel(em.SGLANG_RUNNING_REQS, selector='')})\n"
+            f"unless on (job, instance)\ngroup by (job, instance) ({m.ENABLED})\n",
+            "15m", "warning",
+            "SGLang on " + SCRAPED + " serves metrics without hs_tracer's",
+            "SGLang's own metrics (" + em.SGLANG_RUNNING_REQS + ") are scraped from this target but no "
+            "hs_tracer series for 15 minutes: the plugin is not running in this replica (HS_TRACER "
+            "unset here, its settings invalid, an unsupported SGLang release, an image without "
+            "hs_tracer). The scheduler log says which in its line starting with 'hs_tracer'.",
+        ),
+        _rule(
+            "HsTracerScrapeDown",
+            f"up == 0\nand on (job, instance)\ngroup by (job, instance) "
+            f"(max_over_time({m.ENABLED}[{LOADED_WITHIN}]))\n",
+            "5m", "warning",
+            "The scrape of " + SCRAPED + " fails; it served hs_tracer metrics",
+            "Prometheus has failed to scrape this target for 5 minutes (up == 0), and it served hs_tracer "
+            "series within the last " + LOADED_WITHIN + ": the server is down or unreachable, or its "
+            "/metrics endpoint moved. hs_tracer's alerts for it are blind until the scrape works again.",
+        ),
+    ]
+
+
 def groups() -> list[dict[str, Any]]:
     """The rule groups, as Prometheus' rule-file ``groups`` list."""
     return [
         {"name": "hs_tracer.acceptance", "interval": "1m", "rules": _acceptance_rules()},
         {"name": "hs_tracer.wiring", "interval": "1m", "rules": _wiring_rules()},
         {"name": "hs_tracer.health", "interval": "1m", "rules": _health_rules()},
+        {"name": "hs_tracer.presence", "interval": "1m", "rules": _presence_rules()},
     ]
+
+
+def with_runbook_base(rule_groups: list[dict[str, Any]], base: str) -> list[dict[str, Any]]:
+    """``rule_groups`` with every ``runbook_url`` pointing at ``base`` instead of the default."""
+    def relinked(rule: dict[str, Any]) -> dict[str, Any]:
+        link = {"runbook_url": runbook_url(rule["alert"], base)}
+        return {**rule, "annotations": {**rule["annotations"], **link}}
+
+    return [{**g, "rules": [relinked(r) for r in g["rules"]]} for g in rule_groups]
 
 
 def alert_names() -> list[str]:

@@ -34,18 +34,24 @@ def dump(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
 
 
-def rules_file() -> str:
-    """deploy/prometheus/rules/hs-tracer.rules.yml."""
-    return HEADER + dump({"groups": alerts.groups()})
+def _groups(runbook_base: str | None) -> list[dict[str, Any]]:
+    groups = alerts.groups()
+    return groups if runbook_base is None else alerts.with_runbook_base(groups, runbook_base)
 
 
-def prometheus_rule() -> str:
+def rules_file(runbook_base: str | None = None) -> str:
+    """deploy/prometheus/rules/hs-tracer.rules.yml (runbook links under ``runbook_base``, default
+    :data:`alerts.RUNBOOK_BASE`)."""
+    return HEADER + dump({"groups": _groups(runbook_base)})
+
+
+def prometheus_rule(runbook_base: str | None = None) -> str:
     """A prometheus-operator PrometheusRule carrying the same groups."""
     return HEADER + dump({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": NAME, "labels": {**LABELS, "role": "alert-rules"}},
-        "spec": {"groups": alerts.groups()},
+        "spec": {"groups": _groups(runbook_base)},
     })
 
 

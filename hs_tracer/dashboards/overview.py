@@ -1,11 +1,12 @@
 """The hs_tracer Grafana dashboard, as code (grafana-foundation-sdk builders).
 
-One dashboard, five rows: acceptance, draft-input features per slot, wiring, findings, tracer
-health. It follows dashboard-linter's conventions (checked by :mod:`hs_tracer.dashboards.lint`):
-templated data sources, ``job``/``instance`` variables on every query, ``$__rate_interval`` in every
-``rate()``, a unit and a description on every panel. Sampled ``hs_tracer.verify_step`` spans are one
-click away: a dashboard link and data links on the acceptance panels open them in Explore on the
-templated Tempo data source.
+One dashboard, six rows: acceptance (with the accept length the profile expects), SGLang's own
+throughput and latency, draft-input features per slot, wiring, findings, tracer health; restarts
+and redeploys are annotations. It follows dashboard-linter's conventions (checked by
+:mod:`hs_tracer.dashboards.lint`): templated data sources, ``job``/``instance`` variables on every
+query, ``$__rate_interval`` in every ``rate()``, a unit and a description on every panel. Sampled
+``hs_tracer.verify_step`` spans are one click away: a dashboard link and data links on the
+acceptance panels open them in Explore on the templated Tempo data source.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from grafana_foundation_sdk.models import common as common_m
 from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import prometheus as prom_m
 
+from hs_tracer.dashboards import engine_metrics as em
 from hs_tracer.dashboards import promql as q
 from hs_tracer.export import prometheus as m
 
@@ -31,6 +33,9 @@ FILENAME = "hs-tracer-overview.json"
 PROM_VAR = "prometheus_datasource"
 TRACES_VAR = "tempo_datasource"
 SPAN_NAME = "hs_tracer.verify_step"  # hs_tracer.export.otel.SPAN_NAME (not imported: no OTel import here)
+
+RESTART_MARK_S = 120
+"""A (re)start or redeploy is marked for this long after a scheduler process began exporting."""
 
 PROM = dash_m.DataSourceRef(type_val="prometheus", uid=f"${{{PROM_VAR}}}")
 ACCEPT_LEGEND = "{{model}} {{instance}} tp{{tp_rank}} pp{{pp_rank}} dp{{dp_rank}}"
@@ -145,8 +150,13 @@ def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         min_val=0, max_val=1, trace_links=True))
     d = d.with_panel(_timeseries(
         "Mean accept length per model and rank", "Tokens per request per verify pass, bonus included "
-        "(1 + accepted / drafts), per scheduler process. Click a series for the sampled traces.",
-        "none", [_target(q.mean_accept_length(q.PER_RANK), ACCEPT_LEGEND)], min_val=1,
+        "(1 + accepted / drafts), per scheduler process, beside the accept length the draft reaches on "
+        "its own training data at the served draft steps (from the reference profile; absent without "
+        "one): a live line far below its expected line is a draft fed the wrong features or tokens. "
+        "Click a series for the sampled traces.",
+        "none", [_target(q.mean_accept_length(q.PER_RANK), ACCEPT_LEGEND),
+                 _target(f"max by ({q.PER_RANK}) ({q.sel(m.EXPECTED_ACCEPT_LENGTH)})",
+                         ACCEPT_LEGEND + " expected (training data)", "B")], min_val=1,
         trace_links=True))
     d = d.with_panel(_timeseries(
         "Per-position acceptance", "Share of request-steps whose draft position i (0-based) was "
@@ -271,6 +281,32 @@ def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     return d
 
 
+def _serving_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
+    """SGLang's own throughput and latency: whether speculation pays off at all."""
+    d = d.with_row(dash_b.Row("Serving (SGLang's own metrics)"))
+    window = q.RATE_WINDOW
+    d = d.with_panel(_timeseries(
+        "Generation throughput", "Tokens SGLang generates per second per instance (its "
+        "generation_tokens_total counter), and its own gen_throughput gauge. Speculation pays off when "
+        "this rises with the accept length; an accept length near 1 with throughput below a plain "
+        "deployment's is speculation slower than none. Needs SGLang's --enable-metrics.", "short",
+        [_target(f"sum by (instance) (rate({em.sel(em.SGLANG_GENERATION_TOKENS)}[{window}]))",
+                 "{{instance}} generated tokens/s", "A"),
+         _target(f"sum by (instance) ({em.sel(em.SGLANG_GEN_THROUGHPUT)})",
+                 "{{instance}} gen_throughput (SGLang's gauge)", "B")], span=8, min_val=0))
+    for title, metric, what in (
+            ("Inter-token latency", em.SGLANG_ITL, "time between two output tokens of a request: what "
+             "speculative decoding is meant to shorten"),
+            ("Time to first token", em.SGLANG_TTFT, "time from a request's arrival to its first token "
+             "(prefill; the draft's extend adds to it)")):
+        buckets = f"sum by (instance, le) (rate({em.sel(q.bucket(metric))}[{window}]))"
+        d = d.with_panel(_timeseries(
+            title, f"p50 and p99 per instance of SGLang's {metric} histogram: {what}.", "s",
+            [_target(f"histogram_quantile({qq}, {buckets})", f"{{{{instance}}}} p{int(qq * 100)}", ref)
+             for qq, ref in ((0.5, "A"), (0.99, "B"))], span=8, min_val=0))
+    return d
+
+
 def _health_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_row(dash_b.Row("Tracer health and overhead"))
     d = d.with_panel(_timeseries(
@@ -337,7 +373,10 @@ def build() -> dash_b.Dashboard:
                .type(dash_m.DashboardLinkType.LINK).icon("external link").target_blank(True)
                .tooltip(f"Explore {SPAN_NAME} spans of the selected time range")
                .url(_explore_traces_url(f'{{ name = "{SPAN_NAME}" }}'))))
-    for row in (_acceptance_row, _slots_row, _wiring_row, _findings_row, _health_row):
+    d = d.annotation(dash_b.AnnotationQuery().name("hs_tracer (re)starts").datasource(PROM).enable(True)
+                     .icon_color("purple")
+                     .expr(f"time() - max by (model, instance) ({q.sel(m.START_TIME)}) < {RESTART_MARK_S}"))
+    for row in (_acceptance_row, _serving_row, _slots_row, _wiring_row, _findings_row, _health_row):
         d = row(d)
     return d
 

@@ -255,7 +255,8 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
             Code.SLOT_SOURCE_MISMATCH,
             Severity.CRITICAL,
             f"slot {m.index} carries {m.observed}{how}; the draft was trained on {m.expected}"
-            f" (divergence {m.d_best:.3g} vs {m.d_expected:.3g} to {m.expected})",
+            f" (distance {m.d_best / level:.2g} vs {m.d_expected / level:.3g} to {m.expected},"
+            " in match levels)",
             fix=f"make the engine feed {m.expected} in slot {m.index} (it feeds {m.observed}): check the"
             " draft config's eagle_aux_hidden_state_layer_ids and the engine's layer-id convention"
             " (hs-tracer check)",
@@ -267,8 +268,8 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
         return Finding(
             Code.SLOT_SOURCE_MISMATCH,
             Severity.CRITICAL,
-            f"slot {m.index} matches no reference source: nearest {m.best} at divergence {m.d_best:.3g}"
-            f" ({m.d_best / level:.0f}x the match level); trained on {m.expected}{hint}",
+            f"slot {m.index} matches no reference source: nearest {m.best} at distance {m.d_best / level:.0f}"
+            f" (match levels); trained on {m.expected}{hint}",
             fix="check that the serving target, its dtype and the captured layers are those the draft was "
             "trained with (hs-tracer check)",
             observed=UNKNOWN,
@@ -278,7 +279,8 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
         return Finding(
             Code.SLOT_SOURCE_MISMATCH,
             Severity.WARNING,
-            f"slot {m.index} no longer fits its trained source {m.expected} (divergence {m.d_expected:.3g});"
+            f"slot {m.index} no longer fits its trained source {m.expected} (distance "
+            f"{m.d_expected / level:.2g} match levels);"
             f" {m.best} fits better, but not decisively",
             fix="collect a longer window, or rebuild the profile with --atlas",
             observed=UNKNOWN,

@@ -192,6 +192,11 @@ class Analysis:
         port = metrics_port_for(s.ranks, s.metrics_port)
         self._prom = PrometheusExporter(s.wiring.model, s.ranks, port=port, addr=s.metrics_addr)
         self._prom.record_wiring(s.wiring)
+        expected = self.profile.expected_acceptance if self.profile is not None else None
+        if expected is not None:
+            steps = s.wiring.spec_args.get("speculative_num_steps")
+            self._prom.record_expected_accept_length(
+                expected.accept_length(int(steps) if steps else expected.num_steps))
         for f in s.static_findings:
             self._prom.record_finding(f)
         if spans_configured():

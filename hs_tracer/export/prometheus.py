@@ -68,6 +68,8 @@ HOOK_ERRORS = "hs_tracer_hook_errors"
 SPANS_DROPPED = "hs_tracer_spans_dropped"
 ENABLED = "hs_tracer_enabled"
 HOST_OVERHEAD = "hs_tracer_host_overhead_seconds"
+EXPECTED_ACCEPT_LENGTH = "hs_tracer_expected_accept_length"
+START_TIME = "hs_tracer_start_time_seconds"
 
 DEFAULT_BASE_PORT = 9464
 """Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
@@ -213,6 +215,14 @@ class _Metrics:
         self.enabled = Gauge(
             ENABLED, "1 while tracing is on in this scheduler, 0 after it switched itself "
             "off.", base, **gauge_kw)
+        self.start_time = Gauge(
+            START_TIME, "Unix time hs_tracer started exporting in this scheduler process: a new value "
+            "is a restart or a redeploy (the dashboard's annotations).", base, **gauge_kw)
+        self.expected_accept_length = Gauge(
+            EXPECTED_ACCEPT_LENGTH, "Mean accept length (bonus token included) the draft reaches on its "
+            "own training data at the served number of draft steps, measured when the reference profile "
+            "was built: the level a correctly wired draft should reach. Absent without a profile that "
+            "carries it.", base, **gauge_kw)
         self.host_overhead = Histogram(
             HOST_OVERHEAD, "Host (CPU) time the per-step hooks added to the "
             "scheduler thread, per verify step, in seconds.", base, buckets=OVERHEAD_BUCKETS, **kw)
@@ -265,6 +275,7 @@ class PrometheusExporter:
         self._enabled = m.enabled.labels(**b)
         self._host_overhead = _WeightedHistogram(m.host_overhead.labels(**b))
         self._enabled.set(1)
+        m.start_time.labels(**b).set(time.time())
         self._totals = {"dropped": 0, "hook_errors": 0, "spans_dropped": 0}
         self._wiring_labels: dict[str, str] | None = None
         self._slot_series: dict[int, tuple[str, str]] = {}
@@ -418,6 +429,10 @@ class PrometheusExporter:
         for k, count in p.nonfinite.items():
             self._slot_children(k)
             self._slot_nonfinite[k].inc(count)
+
+    def record_expected_accept_length(self, value: float) -> None:
+        """The profile's expected mean accept length for the served draft steps (set once, at startup)."""
+        self._m.expected_accept_length.labels(**self._base).set(value)
 
     def record_wiring(self, w: WiringRecord) -> None:
         """Publish the wiring as an info-style gauge; pre-create the per-position counters."""

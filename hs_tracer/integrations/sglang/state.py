@@ -136,6 +136,11 @@ class TracerState:
         for f in self.static_findings:
             logger.warning("hs_tracer: %s", f.one_line())
         if self.emitting:
+            # the line that proves the startup hooks ran (docs/deploy.md quotes it)
+            r = self.ranks
+            logger.info("hs_tracer: tracing on (tp %d, pp %d, dp %d): %s feeds the draft %s; %d startup "
+                        "finding(s)", r.tp, r.pp, r.dp, self.wiring.target_arch,
+                        ", ".join(self.wiring.sources) or "no aux hidden states", len(self.static_findings))
             from hs_tracer.export.recorder import Recorder
             from hs_tracer.integrations.sglang.steps import StepPath
 

@@ -747,8 +747,9 @@ def main(argv: list[str] | None = None) -> int:
         "radix_cache": "on (SGLang's Python TreeCore)",
         "server_flags": list(launcher.SERVER_FLAGS), "runtime_env": launcher.RUNTIME_ENV,
         "environment": environment(), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-        "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: two "
-                   "rounds of the same 16 prompts (plain decoding once more with top-2 log-probabilities); "
+        "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: "
+                   f"{args.rounds} rounds of the same 16 prompts (plain decoding once more with top-2 "
+                   "log-probabilities); "
                    f"prod: per batch size {PROD_WARMUP} warm-up runs per server discarded, then alternating "
                    "off/on pairs (order flipped every pair), on/off = median over pairs of the pair's "
                    "off wall / on wall, spread = min/max and quartiles over pairs; tokens/s = batch * new "
@@ -809,7 +810,8 @@ def markdown(r: dict[str, Any]) -> str:
              f"CUDA {env.get('cuda')}, SGLang {env.get('sglang')}, Python {env.get('python')}.",
              f"CUDA graphs: {r['cuda_graphs']}. Overlap scheduler: {r['overlap_scheduler']}. "
              f"Radix cache: {r['radix_cache']}.", f"Method: {r['method']}.",
-             f"Flags: `{' '.join(r['server_flags'])}`.", ""]
+             f"Flags: `{' '.join(r['server_flags'])}`.", "",
+             *(f"Note: {note}" for note in r.get("notes") or ()), ""]
     oc = r.get("opcheck")
     if oc:
         lines += ["## Stand-in ops on the GPU (vs SGLang's references, eager under sync-debug 'error', and "

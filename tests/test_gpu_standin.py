@@ -537,6 +537,7 @@ def test_testbed_summary_compares_every_round_on_off_and_each_engine_against_its
     text = mod.markdown({"sglang": "0.5.23", "tp": 1, "date": "d", "cuda_graphs": "on",
                          "overlap_scheduler": "on", "radix_cache": "on", "method": "m", "server_flags": [],
                          "deterministic_inference": True, "source": {"commit": "abc", "dirty": False},
-                         "testbed": tb})
+                         "notes": ["read me first"], "testbed": tb})
     assert "tree_fp32_on vs tree_fp32_off: identical / 1/2 differ / identical" in text
     assert "Source: commit abc (clean tree)" in text and "deterministic inference: on" in text
+    assert "Note: read me first" in text

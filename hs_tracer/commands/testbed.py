@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="train the default recipe's weights instead of reusing the committed ones (minutes more)",
     )
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.add_argument("--quiet", action="store_true", help="no progress bars (they show only on a terminal)")
     b.set_defaults(func=run_build)
     r = tsub.add_parser(
         "real",
@@ -88,7 +88,7 @@ def run_build(args: argparse.Namespace) -> int:
     # Built beside the destination and moved into place only when complete.
     staging = parent / f".{out.name}.building-{os.getpid()}"
     try:
-        build(staging, recipe, progress=not args.quiet, from_scratch=args.from_scratch)
+        build(staging, recipe, progress=False if args.quiet else None, from_scratch=args.from_scratch)
         if out.is_dir() and not any(out.iterdir()):
             for item in staging.iterdir():  # the user's empty directory stays, mode and all
                 item.rename(out / item.name)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -283,17 +284,22 @@ def measure(target: Any, draft: Any, recipe: Recipe, progress: bool = True) -> d
 
 
 def build(
-    out_dir: Path, recipe: Recipe | None = None, progress: bool = True, from_scratch: bool = False
+    out_dir: Path, recipe: Recipe | None = None, progress: bool | None = None, from_scratch: bool = False
 ) -> TestbedPaths:
     """Build the testbed into ``out_dir`` (replacing it). Same recipe, same machine -> same files.
 
     The default recipe reuses the committed weights (:data:`ASSETS`) unless ``from_scratch``; the
-    data dumps and measurements are always computed.
+    data dumps and measurements are always computed. Progress bars (``progress``, default: only when
+    stderr is a terminal) never go to a log file or a pipe.
     """
     from hs_tracer_testbed.target import deterministic
 
     with deterministic():
-        return _build(Path(out_dir), recipe or Recipe(), progress, from_scratch)
+        return _build(Path(out_dir), recipe or Recipe(), _bars(progress), from_scratch)
+
+
+def _bars(progress: bool | None) -> bool:
+    return sys.stderr.isatty() if progress is None else progress
 
 
 def _build(out_dir: Path, recipe: Recipe, progress: bool, from_scratch: bool) -> TestbedPaths:
@@ -392,7 +398,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def ensure_testbed(
-    root: Path | None = None, recipe: Recipe | None = None, progress: bool = True
+    root: Path | None = None, recipe: Recipe | None = None, progress: bool | None = None
 ) -> TestbedPaths:
     """The testbed for ``recipe`` (default recipe), built on first use into ``root/<recipe-hash>``.
 

@@ -442,3 +442,28 @@ def test_serving_flags_parse_with_the_installed_sglang(compose: dict[str, Any],
         assert ns["enable_trace"] is True and ns["port"] == 30000
     assert composed["otlp_traces_endpoint"] == "otel-collector:4317"
     assert stateful["nnodes"] == 2 and stateful["node_rank"] == 1 and stateful["tp_size"] == 16
+
+
+def test_deploy_doc_for_an_existing_fleet() -> None:
+    """docs/deploy.md's Part 0: every supported release in its matrix, every HS_TRACER_* variable, and
+    the log lines it quotes are the ones the code writes."""
+    from hs_tracer import config
+    from hs_tracer.inputs import env
+    from hs_tracer.integrations.sglang import hooks, versions
+
+    doc = (ROOT / "docs/deploy.md").read_text()
+    part0 = doc[doc.index("## Part 0"):doc.index("## Part 1")]
+    for release in versions.SUPPORTED_VERSIONS:
+        assert f"| SGLang | {release}, {release}.postN | yes" in part0, release
+    for name in config.VARIABLES:
+        assert f"`{name}" in part0, name
+    family = versions.installed_family()
+    assert family is not None
+    assert f"hs_tracer: {len(hooks.HOOKS)} hooks registered for sglang {family.name}\n" in part0
+    _cfg, line = env.validate({"HS_TRACER": "1", "HS_TRACER_CAPTUR_DIR": "/x"})
+    assert f"{line}\n" in part0
+    unsupported = (f"hs_tracer: tracing stays off: sglang 0.5.20 is not a supported release "
+                   f"({', '.join(versions.SUPPORTED_VERSIONS)})")
+    assert f"{unsupported}\n" in part0
+    assert "hs_tracer: tracing on (tp 0, pp 0, dp 0): " in part0 and "dashboards push" in part0
+    assert "'hs_tracer[dashboards]'" in part0 and "Import" in part0 and "--runbook-base" in part0

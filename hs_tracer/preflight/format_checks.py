@@ -41,11 +41,14 @@ def check_format(draft: DraftConfig) -> list[Finding]:
             Code.DRAFT_FORMAT, Severity.CRITICAL,
             f"{draft.arch} is an EAGLE-1/2 draft class: it takes one hidden state, not EAGLE-3 aux states",
             "serve it with --speculative-algorithm EAGLE, or use an EAGLE-3 draft", observed=draft.arch)]
+    # an EAGLE-3 config (eagle_config present) whose class name alone is wrong: rename it, nothing else
+    fix = ("set architectures to [\"LlamaForCausalLMEagle3\"] ([\"Eagle3DeepseekV2ForCausalLM\"] for an MLA "
+           "draft): the rest of the config is an EAGLE-3 draft's") if isinstance(draft.eagle_config, dict) \
+        else "point --draft at an EAGLE-3 draft exported for SGLang"
     return [Finding(
         Code.DRAFT_FORMAT, Severity.CRITICAL,
         f"architectures {draft.architectures or '(missing)'} is not an EAGLE-3 draft class SGLang 0.5.23 "
-        "knows (LlamaForCausalLMEagle3, Eagle3DeepseekV2ForCausalLM)",
-        "point --draft at an EAGLE-3 draft exported for SGLang", observed=draft.arch or None)]
+        "knows (LlamaForCausalLMEagle3, Eagle3DeepseekV2ForCausalLM)", fix, observed=draft.arch or None)]
 
 
 def check_flags(draft: DraftConfig) -> list[Finding]:

@@ -10,8 +10,11 @@ above its fence, saying why::
 
 All blocks of a document run in order, in one shell, from a fresh temporary folder (not the
 repository), with the project's Python environment activated as the docs ask (its ``python`` and
-``hs-tracer`` first on PATH). Quoted output is checked loosely: every ``status:`` line and every slot
-verdict (trained-on and observed source) quoted must appear in the real output of the same block.
+``hs-tracer`` first on PATH). Quoted output is checked loosely by default: every ``status:`` line and
+every slot verdict (trained-on and observed source) quoted must appear in the real output of the same
+block. A document checked strictly (docs/tutorial.md) must show every line a command prints, in
+order, or elide it: a line that is only ``…`` stands for any number of lines, ``…`` inside a line for
+any text; numbers must be within the document's stated tolerance (small integers exactly).
 """
 
 from __future__ import annotations
@@ -89,10 +92,80 @@ def environment(tmp: Path) -> dict[str, str]:
     return env
 
 
-def run_document(doc: Path, tmp: Path, timeout: int) -> list[str]:
+ELISION = "…"
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+EXACT_BELOW = 100
+"""Integers below this are ids, slots, layer numbers, positions: they must match exactly. Larger
+integers (token and step counts) and decimals (rates, distances) may differ by the document's
+tolerance: the testbed engine's batching varies them a little from run to run."""
+
+
+def _line_pattern(quoted: str) -> tuple[re.Pattern[str], list[str]]:
+    """A quoted line as a regex over a real line (``…`` stands for any text) and its numbers."""
+    numbers: list[str] = []
+    parts = []
+    for piece in quoted.split(ELISION):
+        out, last = [], 0
+        for m in NUMBER.finditer(piece):
+            out.append(re.escape(piece[last:m.start()]))
+            out.append(r"(-?\d+(?:\.\d+)?)")
+            numbers.append(m.group(0))
+            last = m.end()
+        out.append(re.escape(piece[last:]))
+        parts.append("".join(out))
+    return re.compile(".*?".join(parts) + r"\Z"), numbers
+
+
+def _numbers_close(quoted: list[str], real: tuple[str, ...], rel: float) -> bool:
+    for q, r in zip(quoted, real, strict=True):
+        if "." not in q and abs(int(q)) < EXACT_BELOW:
+            if q != r:
+                return False
+        elif abs(float(q) - float(r)) > rel * max(abs(float(q)), abs(float(r))) + 1e-12:
+            return False
+    return True
+
+
+def line_matches(quoted: str, real: str, rel: float) -> bool:
+    """``real`` is ``quoted`` up to its ``…`` elisions and numbers within ``rel`` (relative)."""
+    pattern, numbers = _line_pattern(quoted)
+    m = pattern.match(real)
+    return m is not None and _numbers_close(numbers, m.groups(), rel)
+
+
+def output_problems(quoted: list[str], output: str, rel: float) -> list[str]:
+    """Every line the command printed must be shown in ``quoted`` (in order, numbers within ``rel``)
+    or elided by a line that is only ``…``; returns what does not hold."""
+    real = [ln for ln in output.splitlines() if ln.strip() and not ln.startswith("@@RC ")]
+    want = [ln for ln in quoted if ln.strip()]
+    # dynamic programming over (quoted line, real line): an elision line absorbs any number of lines
+    reach = {(0, 0)}
+    frontier = [(0, 0)]
+    while frontier:
+        i, j = frontier.pop()
+        nxt = []
+        if i < len(want) and want[i].strip() == ELISION:
+            nxt += [(i + 1, j)] + ([(i, j + 1)] if j < len(real) else [])
+        elif i < len(want) and j < len(real) and line_matches(want[i], real[j], rel):
+            nxt.append((i + 1, j + 1))
+        for state in nxt:
+            if state not in reach:
+                reach.add(state)
+                frontier.append(state)
+    if (len(want), len(real)) in reach:
+        return []
+    i, j = max(reach)
+    shown = repr(want[i]) if i < len(want) else "nothing (the quoted output ends)"
+    printed = repr(real[j]) if j < len(real) else "nothing (the output ends)"
+    return [f"the output's line {j + 1}, {printed}, is neither shown nor elided where the document "
+            f"quotes {shown}"]
+
+
+def run_document(doc: Path, tmp: Path, timeout: int, tolerance: float | None = None) -> list[str]:
     """Run every unmarked command block of ``doc`` in order from a fresh folder under ``tmp``; the
     problems found (a block that exits other than 0 or 1, a quoted verdict missing from its output).
-    The whole transcript is kept in ``tmp/transcript.txt``."""
+    With ``tolerance`` (relative, for numbers) every quoted output must be the real output line by
+    line (:func:`output_problems`). The whole transcript is kept in ``tmp/transcript.txt``."""
     work = tmp / "work"
     work.mkdir()
     found = [b for b in blocks(doc.read_text()) if b.not_run is None]
@@ -114,6 +187,8 @@ def run_document(doc: Path, tmp: Path, timeout: int) -> list[str]:
         if rc not in (0, 1):  # 1 is the answer "critical findings" of a miswired step
             problems.append(f"{where}: exit {rc}\n{out[-3000:]}")
             continue
+        if tolerance is not None and b.quoted:
+            problems += [f"{where}: {p}\n{out[-3000:]}" for p in output_problems(b.quoted, out, tolerance)]
         for q in b.quoted:
             if (m := STATUS.search(q)) and not re.search(rf"status: {m.group(1)}\b", out):
                 problems.append(f"{where}: expected 'status: {m.group(1)}'\n{out[-3000:]}")

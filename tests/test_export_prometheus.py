@@ -232,7 +232,8 @@ def test_port_in_use_logs_and_keeps_recording(caplog: pytest.LogCaptureFixture) 
         rec = make_steps(1, seed=1)[0]
         e.record_step(rec)
         e.flush()
-        drafts = e.registry.get_sample_value("hs_tracer_drafts_total", {"model": MODEL, **Ranks().labels()})
+        drafts = e.registry.get_sample_value("hs_tracer_drafts_total",
+                                             {"model": MODEL, "engine": "sglang", **Ranks().labels()})
         assert drafts == len(rec.accept_lengths)
 
 
@@ -320,7 +321,7 @@ def test_batched_histogram_update_equals_one_observe_per_request(fast: bool) -> 
         for length in rec.accept_lengths:
             reference.observe(length)
     e.flush()
-    labels = {"model": MODEL, **Ranks().labels()}
+    labels = {"model": MODEL, "engine": "sglang", **Ranks().labels()}
     got = {(s.name, s.labels.get("le")): s.value for m in e.registry.collect() for s in m.samples
            if s.name.startswith("hs_tracer_accept_length") and not s.name.endswith("_created")
            and {k: v for k, v in s.labels.items() if k != "le"} == labels}
@@ -333,7 +334,7 @@ def test_batched_histogram_update_equals_one_observe_per_request(fast: bool) -> 
 
 def test_nonfinite_width_and_rewiring_in_registry() -> None:
     e = PrometheusExporter(MODEL, Ranks(dp=1), serve=False)
-    labels = {"model": MODEL, **Ranks(dp=1).labels()}
+    labels = {"model": MODEL, "engine": "sglang", **Ranks(dp=1).labels()}
     raw = np.zeros((3, DIGEST_WIDTH))
     raw[:, 0], raw[:, 4] = 10, (0, 0, 4)
     rec = dc_replace(make_steps(1, seed=2)[0], digest=StepDigest.from_raw(4, raw), input_width=32)
@@ -354,7 +355,7 @@ def test_nonfinite_width_and_rewiring_in_registry() -> None:
 
 
 def test_steps_reach_the_metrics_at_flush() -> None:
-    labels = {"model": MODEL, **Ranks().labels()}
+    labels = {"model": MODEL, "engine": "sglang", **Ranks().labels()}
     lazy = PrometheusExporter(MODEL, Ranks(), serve=False, flush_interval_s=3600)
     eager = PrometheusExporter(MODEL, Ranks(), serve=False, flush_interval_s=0)
     records = make_steps(5, seed=8)
@@ -372,7 +373,7 @@ def test_steps_reach_the_metrics_at_flush() -> None:
 
 
 def test_pending_steps_reach_the_metrics_when_the_recorder_goes_quiet() -> None:
-    labels = {"model": MODEL, **Ranks().labels()}
+    labels = {"model": MODEL, "engine": "sglang", **Ranks().labels()}
     e = PrometheusExporter(MODEL, Ranks(), serve=False, flush_interval_s=0.05)
     for rec in make_steps(3, seed=8):
         e.record_step(rec)  # no flush() call: the idle flusher must push them

@@ -111,7 +111,7 @@ def test_host_overhead_histogram_observes_every_step() -> None:
     e.flush()
     for v in values.tolist():
         reference.observe(v)
-    labels = {"model": "m", **Ranks().labels()}
+    labels = {"model": "m", "engine": "sglang", **Ranks().labels()}
 
     def samples(collected, keep):
         return {(s.name, s.labels.get("le")): round(s.value, 12) for m in collected for s in m.samples
@@ -179,7 +179,7 @@ assert st.recorder.mode == "thread"  # SGLang traces requests: the exporters sta
 step([2, 2])                                     # the scheduler thread's next step delivers the rest
 prom = st.recorder.analysis._prom
 prom.flush()
-labels = {"model": "tiny", **st.ranks.labels()}
+labels = {"model": "tiny", "engine": "sglang", **st.ranks.labels()}
 out = {
     "request_steps": recorded,
     "accepted_tokens": st.recorder.analysis.acceptance.accepted_tokens,

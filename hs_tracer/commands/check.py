@@ -19,8 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, required=True, help="target model directory or its config.json")
     p.add_argument("--profile", type=Path, help="reference profile of the draft's training data "
                    "(compares the engine's sources with the training provenance)")
-    p.add_argument("--engine", default="sglang", help="serving engine (only sglang; sglang==V is "
-                   "--sglang-version V)")
+    p.add_argument("--engine", default="sglang", help="serving engine: sglang (sglang==V is "
+                   "--sglang-version V) or vllm (vllm==V: that release's rules; default the installed "
+                   "vLLM, else the newest hs_tracer knows)")
     p.add_argument("--sglang-version", metavar="V", default=None,
                    help="the SGLang release whose layer-id rules say what the draft is fed (default: the "
                         "installed release, else the newest hs_tracer knows)")
@@ -50,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from hs_tracer.preflight.spec_args import ServerArgsError
     from hs_tracer.profile.model import ProfileError
 
+    if args.engine.replace(" ", "").partition("==")[0] == "vllm":
+        return _run_vllm(args)
     version = _sglang_version(args)
     check_draft(args.draft)
     check_target(args.target)
@@ -70,6 +73,47 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(human(result, verbose=args.verbose))
+    return result.report.exit_code
+
+
+def _run_vllm(args: argparse.Namespace) -> int:
+    """The vLLM check: what vLLM will feed the draft (hs_tracer/preflight/vllm_check.py)."""
+    from hs_tracer import sources
+    from hs_tracer.cli import UsageError
+    from hs_tracer.inputs.model_config import check_draft, check_target
+    from hs_tracer.inputs.profile import load_profile
+    from hs_tracer.integrations.vllm.versions import installed_version, release_of
+    from hs_tracer.preflight import vllm_check
+    from hs_tracer.preflight.checkpoint import CheckpointError
+    from hs_tracer.preflight.config import ConfigError
+    from hs_tracer.preflight.safetensors_header import SafetensorsError
+    from hs_tracer.profile.model import ProfileError
+
+    if args.sglang_version or args.server_args is not None or args.sglang_resolve:
+        raise UsageError("--sglang-version, --server-args and --sglang-resolve are SGLang's; drop them "
+                         "with --engine vllm")
+    pinned = args.engine.replace(" ", "").partition("==")[2]
+    installed = installed_version()
+    version = pinned or (release_of(installed) if installed else None) or sources.NEWEST_VLLM
+    try:
+        sources.vllm_layer_id_rules(version)
+    except ValueError as exc:
+        raise UsageError(f"--engine {args.engine}: {exc}") from exc
+    check_draft(args.draft)
+    check_target(args.target)
+    if args.profile is not None:
+        load_profile(args.profile)
+    try:
+        result = vllm_check.run_vllm_check(args.draft, args.target, profile=args.profile,
+                                           vllm_version=version)
+    except (ConfigError, CheckpointError, SafetensorsError, ProfileError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        out = result.report.to_json()
+        out["preflight"] = result.summary
+        print(json.dumps(out, indent=2))
+    else:
+        print(vllm_check.human(result))
     return result.report.exit_code
 
 

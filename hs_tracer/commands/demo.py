@@ -27,6 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "DeepSeek-V3 target and its EAGLE-3 draft, built on first use) and also runs a miswired copy of "
         "the draft. Exit status: 0 when the configured draft is healthy and every deliberately miswired "
         "copy was caught (their critical findings are the expected answer), 1 otherwise, 2 for bad input.")
+    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                   help="serving engine (default sglang). vllm: real vLLM on CPU (its own venv, `make demo "
+                   "ENGINE=vllm`) with the vLLM testbed pair, the configured draft and a copy without its "
+                   "layer ids")
     p.add_argument("--target", type=Path, help="target model dir (default: the testbed's)")
     p.add_argument("--draft", type=Path, help="EAGLE-3 draft dir (default: the testbed's)")
     p.add_argument("--profile", type=Path, help="reference profile (default: built from the testbed data)")
@@ -69,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--prompts and --max-new-tokens take positive numbers")
     if args.target is not None and args.draft is None:
         raise UsageError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
+    if args.engine == "vllm":
+        return _run_vllm(args)
     scenarios = args.scenarios if args.scenarios is not None else (
         DEFAULT_SCENARIOS if args.target is None else [])
     log = None
@@ -86,3 +92,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(demo.human(runs, expect_miswired=bool(scenarios), verbose=args.verbose))
     return demo.exit_code(runs, expect_miswired=bool(scenarios))
+
+
+def _run_vllm(args: argparse.Namespace) -> int:
+    """The demo on vLLM (hs_tracer_testbed/vllm_demo.py): the configured draft, then a copy without
+    its layer ids (with the testbed pair)."""
+    import importlib.util
+
+    from hs_tracer.cli import UsageError
+    from hs_tracer_testbed import demo, vllm_demo
+
+    if args.scenarios:
+        raise UsageError("--scenario names SGLang's miswirings; with --engine vllm the demo runs the draft "
+                         "without its layer ids")
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError("--engine vllm needs vLLM installed: `make demo ENGINE=vllm` builds its venv")
+    log = None
+    if not args.verbose:
+        fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-vllm-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+        print(f"vLLM's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
+    runs = vllm_demo.run(args.target, args.draft, profile=args.profile, miswired=args.target is None,
+                         num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log)
+    if args.json:
+        out = [r.to_json() for r in runs]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+    else:
+        print(demo.human(runs))
+    return demo.exit_code(runs, expect_miswired=args.target is None)

@@ -190,7 +190,8 @@ class Analysis:
 
             self.profile = Profile.load(s.profile)
         port = metrics_port_for(s.ranks, s.metrics_port)
-        self._prom = PrometheusExporter(s.wiring.model, s.ranks, port=port, addr=s.metrics_addr)
+        self._prom = PrometheusExporter(s.wiring.model, s.ranks, port=port, addr=s.metrics_addr,
+                                        engine=s.wiring.engine)
         self._prom.record_wiring(s.wiring)
         expected = self.profile.expected_acceptance if self.profile is not None else None
         if expected is not None:

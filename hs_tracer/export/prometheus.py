@@ -74,9 +74,10 @@ START_TIME = "hs_tracer_start_time_seconds"
 DEFAULT_BASE_PORT = 9464
 """Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
 
-BASE_LABELS = ("model", "tp_rank", "pp_rank", "dp_rank", "attn_dp_rank")
-"""Labels on every hs_tracer metric: the served model and the scheduler's ranks (``dp_rank`` the
-data-parallel replica, ``attn_dp_rank`` the attention-DP rank inside it)."""
+BASE_LABELS = ("model", "engine", "tp_rank", "pp_rank", "dp_rank", "attn_dp_rank")
+"""Labels on every hs_tracer metric: the served model, the serving engine (``sglang`` or ``vllm``)
+and the scheduler's ranks (``dp_rank`` the data-parallel replica, ``attn_dp_rank`` the attention-DP
+rank inside it)."""
 
 ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 """Accept lengths are integers >= 1 (the bonus token included); ``le="1"`` counts full rejections."""
@@ -195,7 +196,7 @@ class _Metrics:
             "comma-separated in slot order.",
             (*base, "target_arch", "num_layers", "hidden_size", "layers_to_capture",
              "configured_layer_ids", "sources", "expected_width", "draft_fc_in_features",
-             "draft_graph_width", "use_aux_hidden_state", "sglang_version"), **gauge_kw)
+             "draft_graph_width", "use_aux_hidden_state", "sglang_version", "engine_version"), **gauge_kw)
 
         # --- findings ------------------------------------------------------------------------------
         self.findings = Counter(
@@ -241,7 +242,7 @@ class PrometheusExporter:
 
     def __init__(self, model: str, ranks: Ranks, *, port: int | None = None,
                  addr: str = TracerConfig.metrics_addr, serve: bool = True,
-                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S) -> None:
+                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, engine: str = "sglang") -> None:
         from prometheus_client import CollectorRegistry
 
         self.model = model
@@ -249,7 +250,7 @@ class PrometheusExporter:
         self.multiprocess = multiprocess_dir() is not None
         self.registry = CollectorRegistry()
         self._m = _Metrics(self.registry)
-        self._base = {"model": model, **ranks.labels()}
+        self._base = {"model": model, "engine": engine, **ranks.labels()}
         self._lock = threading.Lock()
         self.flush_interval_s = flush_interval_s
         self._pending = _PendingSteps()
@@ -448,6 +449,7 @@ class PrometheusExporter:
             "draft_graph_width": _str(w.draft_graph_width),
             "use_aux_hidden_state": _str(w.use_aux_hidden_state),
             "sglang_version": w.sglang_version,
+            "engine_version": w.engine_version or w.sglang_version,
         }
         with self._lock:
             if self._wiring_labels is not None and self._wiring_labels != labels:

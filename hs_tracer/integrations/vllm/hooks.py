@@ -1,0 +1,157 @@
+"""The hooks hs_tracer wraps into vLLM (the 0.32 family in :mod:`.versions`), one function per concern.
+
+Startup (once, in the worker, after vLLM set the target's aux layers and loaded the drafter): what
+the target captures (the ids vLLM resolved and where it found them), what the draft's ``fc`` expects,
+the speculative settings -> a WiringRecord, the static findings, the probe and the recorder.
+
+Per step, all in Python that vLLM runs outside its compiled graphs:
+
+* ``GPUModelRunner.propose_draft_token_ids`` (before): notes the step's ``SchedulerOutput``; the
+  draft-input hook stamps the step number on it (the step path's own attribute), and the scheduler
+  later hands that object to ``update_from_output`` with the step's result (in one process with the
+  worker: vLLM's single-process executor, ``distributed_executor_backend="uni"``);
+* ``combine_hidden_states`` of the draft class (before): the ``[tokens, K*H]`` states the draft's
+  ``fc`` is about to read -> one probe launch (no host sync);
+* ``Scheduler.make_spec_decoding_stats`` (after): vLLM's own per-request accounting of drafted and
+  accepted tokens, called once per request that verified drafts this step;
+* ``Scheduler.update_from_output`` (after): the step's accept lengths (accepted + the bonus token)
+  go to the step log with the step number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hs_tracer.integrations.vllm import state, versions
+from hs_tracer.integrations.vllm.state import RequestRef, TracerState
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def hook(fn: F) -> F:
+    """Guard ``fn`` under the name the version table gives the hook it runs as."""
+    return state.guarded(versions.hook_name(f"{fn.__module__}:{fn.__name__}"))(fn)
+
+
+# ---- startup ---------------------------------------------------------------------------------------
+@hook
+def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
+    """The target, the layers vLLM set it to capture, the loaded draft: the wiring, then the step path."""
+    from hs_tracer import sources
+    from hs_tracer.diagnosis.vllm_wiring import check_vllm_wiring, wiring_record
+
+    spec = runner.speculative_config
+    if spec is None or st.wiring is not None:
+        return
+    mc = runner.model_config
+    num_layers = int(mc.get_total_num_hidden_layers())
+    hidden = int(mc.get_hidden_size())
+    st.draft_config = _config_dict(spec.draft_model_config.hf_config)
+    use_aux = bool(runner.use_aux_hidden_state_outputs)
+    resolved = _resolved_layers(runner.model) if use_aux else None
+    configured = runner._get_eagle3_aux_layers_from_config() if use_aux else None
+    ids, key = sources.vllm_configured_ids(st.draft_config)
+    if configured is not None and list(configured) != ids:
+        key = "unknown"  # vLLM found ids where this release's rules say it does not look
+    elif configured is None:
+        key = sources.VLLM_DEFAULT
+    version = versions.installed_version() or ""
+    capture = sources.vllm_capture(resolved or [], num_layers, key, vllm_version=version) if use_aux else None
+    st.aux = {"use_aux_hidden_state": use_aux, "layer_ids": list(resolved) if resolved is not None else None,
+              "configured_layer_ids": list(configured) if configured else None, "key": key}
+    st.target = {"architecture": str((mc.architectures or [type(runner.model).__name__])[0]),
+                 "model_path": str(mc.model), "num_layers": num_layers, "hidden_size": hidden,
+                 "device": runner.device, "dtype": mc.dtype}
+    st.draft = _read_draft(runner.drafter.model)
+    st.spec_args = {"method": str(spec.method), "num_speculative_tokens": int(spec.num_speculative_tokens)}
+    profile_sources = _profile_sources(st)
+    wiring = wiring_record(st.target, capture, st.draft, st.spec_args, version)
+    findings = check_vllm_wiring(wiring, capture, st.draft_config, profile_sources)
+    st.finish_startup(wiring, findings)
+
+
+def _resolved_layers(model: Any) -> list[int] | None:
+    """The aux layer ids the target model holds (``EagleModelMixin.aux_hidden_state_layers``),
+    found as vLLM's ``set_aux_hidden_state_layers`` finds the holder."""
+    parent = model
+    if hasattr(model, "get_language_model"):
+        parent = model.get_language_model()
+    elif hasattr(model, "language_model"):
+        parent = model.language_model
+    holder = getattr(parent, "model", parent)
+    layers = getattr(holder, "aux_hidden_state_layers", None)
+    return None if layers is None else [int(v) for v in layers]
+
+
+def _read_draft(draft: Any) -> dict[str, Any]:
+    """What the loaded draft's input side expects: its class, the fc input width and aux-state count."""
+    inner = getattr(draft, "model", draft)
+    fc = getattr(inner, "fc", None)
+    fc_in = getattr(fc, "input_size", None)
+    if fc_in is None and getattr(fc, "weight", None) is not None:
+        fc_in = int(fc.weight.shape[1])
+    k = getattr(inner, "num_aux_hidden_states", getattr(inner, "num_aux_layers", None))
+    return {"architecture": type(draft).__name__,
+            "use_aux_hidden_state": bool(getattr(inner, "use_aux_hidden_state", True)),
+            "fc_in_features": int(fc_in) if fc_in is not None else None,
+            "num_aux_hidden_states": int(k) if k is not None else None,
+            "norm_before_fc": bool(getattr(inner, "norm_before_fc", False))}
+
+
+def _config_dict(hf_config: Any) -> dict[str, Any]:
+    out = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(vars(hf_config))
+    out.pop("model", None)  # vLLM's EAGLE config wraps the draft's own config; its keys are copied up
+    return out
+
+
+def _profile_sources(st: TracerState) -> list[str] | None:
+    if st.config.profile is None:
+        return None
+    from hs_tracer.profile.model import Profile
+
+    return list(Profile.load(st.config.profile).sources)
+
+
+# ---- per step --------------------------------------------------------------------------------------
+@hook
+def before_propose(st: TracerState, _runner: Any, scheduler_output: Any, *_a: Any, **_k: Any) -> None:
+    """The step whose drafts are proposed now: its SchedulerOutput carries the step number that the
+    draft-input hook assigns to the scheduler's result processing."""
+    st.proposing = scheduler_output
+
+
+@hook
+def before_combine_hidden_states(st: TracerState, _draft: Any, hidden_states: Any) -> None:
+    """The ``[tokens, K*H]`` target states the draft's fc reads this step (prefill and decode rows of
+    the batch): one probe launch, numbered on the step's SchedulerOutput."""
+    steps, carrier = st.steps, st.proposing
+    if steps is not None and carrier is not None:
+        st.proposing = None  # one observation per step
+        steps.observe_decode(hidden_states, carrier)
+
+
+@hook
+def after_spec_decoding_stats(st: TracerState, _result: Any, _scheduler: Any, _stats: Any = None,
+                              num_draft_tokens: int = 0, num_accepted_tokens: int = 0,
+                              num_invalid_spec_tokens: Any = None, request_id: str = "") -> None:
+    """One request's verification this step, as vLLM counts it: accept length = accepted + 1."""
+    if num_draft_tokens:
+        st.pending.append((request_id, int(num_accepted_tokens) + 1))
+
+
+@hook
+def after_update_from_output(st: TracerState, _result: Any, _scheduler: Any, scheduler_output: Any,
+                             *_a: Any, **_k: Any) -> None:
+    """The step's accounting is complete: log its accept lengths under the step's number."""
+    pending = st.pending
+    if not pending:
+        return
+    st.pending = []
+    steps = st.steps
+    if steps is None:
+        return
+    reqs = [RequestRef(rid) for rid, _n in pending]
+    lengths = [n for _rid, n in pending]
+    num_draft = int(st.spec_args.get("num_speculative_tokens") or 0) + 1
+    steps.record(scheduler_output, reqs, lengths, num_draft, st.max_accept_length, settled=None)

@@ -1,0 +1,44 @@
+"""Wrapping vLLM methods (vLLM has no hook registry): a hook runs before or after the method it
+wraps, with the method's own arguments, and never changes them or its result (its handlers are
+guarded: :func:`hs_tracer.integrations.vllm.state.guarded`)."""
+
+from __future__ import annotations
+
+import functools
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+_ORIGINAL = "__hs_tracer_original__"
+_APPLIED: list[str] = []
+
+
+def wrap(target: str, hook_type: str, handler: Callable[..., Any]) -> None:
+    """Wrap ``module.Class.method`` (``target``) on its class so ``handler`` runs ``hook_type``
+    ("before": ``handler(self, *args, **kwargs)``; "after": ``handler(result, self, *args, **kwargs)``)."""
+    owner_path, _, name = target.rpartition(".")
+    module, _, cls_name = owner_path.rpartition(".")
+    owner = pkgutil.resolve_name(f"{module}:{cls_name}")
+    original = getattr(owner, name)
+
+    if hook_type == "before":
+        @functools.wraps(original)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            handler(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
+    elif hook_type == "after":
+        @functools.wraps(original)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            handler(result, self, *args, **kwargs)
+            return result
+    else:
+        raise ValueError(f"unknown hook type {hook_type!r}")
+    setattr(wrapper, _ORIGINAL, original)
+    setattr(owner, name, wrapper)
+    _APPLIED.append(target)
+
+
+def applied() -> list[str]:
+    """The targets wrapped in this process, in the order they were."""
+    return list(_APPLIED)

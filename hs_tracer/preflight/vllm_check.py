@@ -1,0 +1,92 @@
+"""``hs-tracer check --engine vllm``: what vLLM will feed a draft, predicted from the files.
+
+vLLM's rules (which keys it reads the draft's layer ids from, its default, what each id means, how
+many states the draft's fc is built for) live in :mod:`hs_tracer.sources`; the findings in
+:mod:`hs_tracer.diagnosis.vllm_wiring`, shared with the live plugin. A wiring vLLM would crash on
+(the draft's fc takes another number of states than vLLM captures) is refused as critical, with the
+ids to write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hs_tracer import sources as src
+from hs_tracer.diagnosis.findings import Finding, Report, Severity, SlotVerdict
+from hs_tracer.diagnosis.vllm_wiring import check_vllm_wiring, wiring_record
+from hs_tracer.preflight.checkpoint import read_checkpoint
+from hs_tracer.preflight.config import read_draft_config, read_target_config
+from hs_tracer.preflight.runner import CheckResult
+
+
+def _fc_in(draft_dir: Path) -> int | None:
+    """The fc weight's input width, when the draft directory has weights."""
+    if not any(draft_dir.glob("*.safetensors")):
+        return None
+    ckpt = read_checkpoint(draft_dir)
+    for key, shape in ckpt.shapes.items():
+        if key.replace("model.", "", 1) == "fc.weight" and len(shape) == 2:
+            return int(shape[1])
+    return None
+
+
+def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | Path | None = None,
+                   trained_sources: Sequence[str] | None = None,
+                   vllm_version: str | None = None) -> CheckResult:
+    """The vLLM wiring of a draft (config.json, and its fc weight when present) on a target config."""
+    draft = read_draft_config(draft_dir)
+    tgt = read_target_config(target)
+    findings: list[Finding] = []
+    if profile is not None:
+        from hs_tracer.preflight.profile_sources import check_profile_target, read_provenance
+
+        provenance = read_provenance(profile)
+        trained_sources = provenance.sources
+        findings += check_profile_target(provenance, tgt.num_hidden_layers, tgt.hidden_size)
+    n, h = tgt.num_hidden_layers, tgt.hidden_size
+    version = vllm_version or src.NEWEST_VLLM
+    k = src.vllm_draft_aux_states(draft.raw)
+    capture = src.vllm_sources(draft.raw, n, vllm_version=version) if k is not None else None
+    fc_in = _fc_in(Path(draft_dir)) if Path(draft_dir).is_dir() else None
+    if fc_in is None and k is not None:
+        fc_in = k * int(draft.raw.get("target_hidden_size") or draft.hidden_size)
+    target_info = {"architecture": tgt.arch, "model_path": str(tgt.path), "num_layers": n, "hidden_size": h}
+    draft_info = {"fc_in_features": fc_in, "num_aux_hidden_states": k}
+    wiring = wiring_record(target_info, capture, draft_info, {}, version)
+    findings += check_vllm_wiring(wiring, capture, draft.raw, trained_sources)
+    rank = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    report = Report(findings=sorted(findings, key=lambda f: rank[f.severity]))
+    fed = list(capture.sources) if capture else []
+    if trained_sources is not None and capture is not None:
+        report.slots = [SlotVerdict(i, want, got, 1.0 if want == got else 0.0)
+                        for i, (want, got) in enumerate(zip(trained_sources, fed, strict=False))]
+    summary: dict[str, Any] = {
+        "draft": {"path": str(draft.path.parent), "architecture": draft.arch,
+                  "served_as": src.vllm_draft_architecture(draft.raw), "fc_in_features": fc_in,
+                  "num_aux_states": k},
+        "target": {"path": str(tgt.path), "architecture": tgt.arch, "num_layers": n, "hidden_size": h},
+        "engine": {"name": f"vllm=={version}", "layer_ids": capture.layer_ids if capture else None,
+                   "layer_ids_key": capture.key if capture else None,
+                   "captured": capture.captured if capture else [], "sources": fed},
+        "trained_sources": list(trained_sources) if trained_sources is not None else None,
+    }
+    return CheckResult(report=report, summary=summary)
+
+
+def human(result: CheckResult) -> str:
+    s = result.summary
+    d, t, e = s["draft"], s["target"], s["engine"]
+    lines = [
+        *result.report.causes_human(),
+        f"draft:  {d['path']} ({d['architecture'] or 'no architecture'}, served as {d['served_as']}), "
+        f"fc in {d['fc_in_features']} ({d['num_aux_states']} states)",
+        f"target: {t['architecture']}, {t['num_layers']} layers, hidden {t['hidden_size']}",
+        f"engine: {e['name']} takes layer ids {e['layer_ids']} from {e['layer_ids_key']}, captures "
+        f"{e['captured']} -> sources {e['sources']}",
+    ]
+    if s.get("trained_sources") is not None:
+        lines.append(f"trained on: {s['trained_sources']}")
+    lines.append(result.report.human(lead=False))
+    return "\n".join(lines)

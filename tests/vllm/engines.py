@@ -1,0 +1,75 @@
+"""The vLLM engines of the test session: each real vLLM CPU engine starts once, on first use, and
+serves every workload the tests read from it (an engine start costs about a minute on a 2-core
+machine).
+
+* ``plain``: the target alone (greedy reference tokens);
+* ``configured``: EAGLE-3 with the pair's draft, traced, with the training profile;
+* ``ids_missing``: the same draft without its layer ids (vLLM falls back to its default), traced;
+* ``faults``: EAGLE-3 traced, serving one workload per hook with a fault injected in that hook.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hs_tracer.integrations.vllm import versions
+
+TRACED_ENV = {"HS_TRACER": "1", "HS_TRACER_WINDOW_TOKENS": "128"}
+NUM_PROMPTS = 16
+MAX_NEW_TOKENS = 24
+STARTUP_HOOK = "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"
+# every hook the pair's engine runs (its draft is vLLM's Llama EAGLE-3 class)
+HOOK_NAMES = sorted({h.name for f in versions.FAMILIES for h in f.hooks
+                     if not h.name.startswith(("Eagle3Qwen3", "Eagle3DeepseekV2"))})
+
+
+def prompts() -> list[list[int]]:
+    from hs_tracer_testbed.corpus import prompts as corpus_prompts
+    from hs_tracer_testbed.target import encode
+
+    return encode(corpus_prompts(seed=77, n=NUM_PROMPTS), add_eos=False)
+
+
+def workload(name: str) -> dict[str, Any]:
+    return {"name": name, "prompts": prompts(), "max_new_tokens": MAX_NEW_TOKENS}
+
+
+class Engines:
+    def __init__(self, pair: Any, profile: Path, tmp: Path) -> None:
+        self.pair, self.profile, self.tmp = pair, profile, tmp
+        self._runs: dict[str, dict[str, Any]] = {}
+
+    def spec(self, name: str) -> dict[str, Any]:
+        from hs_tracer_testbed.llama_pair import write_ids_missing
+
+        base = {"target": str(self.pair.target), "workloads": [workload("main")]}
+        traced = {**TRACED_ENV, "HS_TRACER_PROFILE": str(self.profile)}
+        if name == "plain":
+            return base
+        if name == "configured":
+            return {**base, "draft": str(self.pair.draft), "env": traced}
+        if name == "ids_missing":
+            draft = write_ids_missing(self.pair.draft, self.tmp / "ids_missing")
+            return {**base, "draft": str(draft), "env": traced}
+        if name == "faults":  # the startup hook's fault from the start, then each per-step hook's
+            return {"target": str(self.pair.target), "draft": str(self.pair.draft),
+                    "env": {**traced, "HS_TRACER_FAULT_INJECT": STARTUP_HOOK},
+                    "faults": [STARTUP_HOOK, *(h for h in HOOK_NAMES if h != STARTUP_HOOK)],
+                    "fault_workload": workload("fault")}
+        raise KeyError(name)
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        from hs_tracer_testbed.vllm_runs import run
+
+        if name not in self._runs:
+            self._runs[name] = run(self.spec(name))
+        return self._runs[name]
+
+
+def diagnosis(run: dict[str, Any]) -> dict[str, Any]:
+    """The emitting process's diagnosis in an engine run's reports."""
+    for rep in run.get("reports", []):
+        if rep.get("emitting") and rep.get("diagnosis"):
+            return rep["diagnosis"]
+    raise AssertionError(f"no report with a diagnosis: {run.get('reports')}\n{run.get('log', '')[-3000:]}")

@@ -1,0 +1,46 @@
+"""The vLLM plugin against the installed vLLM's real classes, without an engine: the version guard
+finds every hook target and parameter, a changed one is named and nothing is wrapped, and the entry
+point vLLM loads is hs_tracer's."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+from hs_tracer.integrations.vllm import versions
+
+
+def test_every_hook_target_and_parameter_exists_in_the_installed_vllm() -> None:
+    assert versions.installed_family() is not None
+    assert versions.problems() == []
+
+
+def test_a_changed_signature_is_named() -> None:
+    family = versions.FAMILIES[0]
+    hook = replace(family.hooks[1], params=("scheduler_output", "no_such_parameter"))
+    broken = replace(family, hooks=(hook, *family.hooks[2:]))
+    (problem,) = versions.problems(broken)
+    assert "propose_draft_token_ids no longer takes no_such_parameter" in problem
+
+
+def test_vllm_loads_hs_tracers_entry_point() -> None:
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    mine = {ep.value for ep in eps if ep.name == "hs_tracer"}
+    assert mine == {"hs_tracer.integrations.vllm.plugin:register"}
+
+
+def _applied_after_register(env: dict[str, str]) -> str:
+    code = ("from hs_tracer.integrations.vllm import plugin, patching; plugin.register(); "
+            "print(len(patching.applied()))")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_plugin_wraps_every_hook_only_with_hs_tracer_on() -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
+    base["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core would run in this process
+    assert _applied_after_register(base) == "0"
+    assert _applied_after_register({**base, "HS_TRACER": "1"}) == str(len(versions.FAMILIES[0].hooks))

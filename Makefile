@@ -31,9 +31,9 @@ RELEASE_TESTS := tests/test_plugin.py tests/test_sources.py tests/test_release_e
 # CPU testbed's stand-in (its patches stay off without the testbed's runtime flag).
 RELEASE_FAULTS := tests/test_hook_faults.py::test_fault_in_a_hook_never_reaches_sglang
 STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
-# ENGINE=vllm picks vLLM (docs/versions.md): it lives in its own venv, .venv-vllm/, because vLLM's CPU
+# ENGINE=vllm picks vLLM (docs/vllm.md): it lives in its own venv, .venv-vllm/, because vLLM's CPU
 # build pins another torch than SGLang's (`make venv ENGINE=vllm`, `make demo ENGINE=vllm`). `make
-# test` runs the vLLM tests (tests/vllm, real vLLM engines on CPU) there after the SGLang suite.
+# test` runs the vLLM tests (tests/on_vllm, real vLLM engines on CPU) there after the SGLang suite.
 ENGINE ?= sglang
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
@@ -121,7 +121,7 @@ endif
 
 # The vLLM tests, in vLLM's venv (tests/conftest.py leaves them out of a venv without vLLM).
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/python -m pytest tests/vllm
+	$(VLLM_BIN)/python -m pytest tests/on_vllm
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
 test-fast: $(STAMP)

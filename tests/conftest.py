@@ -10,9 +10,9 @@ import pytest
 
 pytest_plugins = ["tests.infra.fixtures"]
 
-# tests/vllm needs vLLM, which lives in its own venv (.venv-vllm: it pins another torch than SGLang);
+# tests/on_vllm needs vLLM, which lives in its own venv (.venv-vllm: it pins another torch than SGLang);
 # `make test` runs them there (`make test-vllm`). SGLang's venv has no vLLM to import.
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["on_vllm"]
 
 # The testbed is its own distribution (testbed/); pytest's `pythonpath` puts this checkout's copy on
 # sys.path, and the processes the tests start (the CLI, engine runs) get it through PYTHONPATH.

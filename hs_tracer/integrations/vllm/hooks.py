@@ -64,7 +64,10 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
                  "model_path": str(mc.model), "num_layers": num_layers, "hidden_size": hidden,
                  "device": runner.device, "dtype": mc.dtype}
     st.draft = _read_draft(runner.drafter.model)
-    st.spec_args = {"method": str(spec.method), "num_speculative_tokens": int(spec.num_speculative_tokens)}
+    steps = int(spec.num_speculative_tokens)
+    # a chain of ``steps`` drafts per verify: SGLang's speculative_num_steps, the name the exporters read
+    st.spec_args = {"method": str(spec.method), "num_speculative_tokens": steps,
+                    "speculative_num_steps": steps}
     profile_sources = _profile_sources(st)
     wiring = wiring_record(st.target, capture, st.draft, st.spec_args, version)
     findings = check_vllm_wiring(wiring, capture, st.draft_config, profile_sources)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm.engines import HOOK_NAMES, NUM_PROMPTS, diagnosis
+from tests.on_vllm.engines import HOOK_NAMES, NUM_PROMPTS, diagnosis
 
 
 def test_greedy_eagle3_with_tracing_commits_exactly_the_plain_tokens(vllm_engines) -> None:

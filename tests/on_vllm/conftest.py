@@ -1,6 +1,6 @@
 """The vLLM tests run in vLLM's own venv (.venv-vllm, ``make test-vllm``): real vLLM engines on CPU
 with the vLLM testbed pair (hs_tracer_testbed.llama_pair), each engine started once per session
-(tests/vllm/engines.py)."""
+(tests/on_vllm/engines.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,6 @@ def pair_profile(pair) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_engines(pair, pair_profile, tmp_path_factory):
-    from tests.vllm.engines import Engines
+    from tests.on_vllm.engines import Engines
 
     return Engines(pair, pair_profile, tmp_path_factory.mktemp("vllm"))

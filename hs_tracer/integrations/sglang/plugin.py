@@ -56,7 +56,7 @@ def _entry_problem() -> str | None:
         return None
     family = versions.family_for(version)
     if family is None:
-        return f"sglang {version} is not a supported release ({', '.join(versions.SUPPORTED_VERSIONS)})"
+        return f"sglang {version} is not a supported release ({versions.supported_text()})"
     module, function = family.scheduler_entry
     try:
         origin = getattr(importlib.util.find_spec(module), "origin", None)
@@ -80,8 +80,10 @@ def _register() -> None:
 
     found = versions.problems()
     family = versions.installed_family()
+    version = versions.installed_version()
     if found or family is None:
-        logger.warning("hs_tracer: tracing stays off for this SGLang: %s", "; ".join(found))
+        logger.warning("hs_tracer: tracing stays off for this SGLang: %s (%s)", "; ".join(found),
+                       versions.support(version))
         return
 
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -91,4 +93,6 @@ def _register() -> None:
     hooks.install_state(cfg)
     for target, hook, hook_type in hooks.HOOKS:
         HookRegistry.register(target, hook, hook_type)
-    logger.info("hs_tracer: %d hooks registered for sglang %s", len(hooks.HOOKS), family.name)
+    # One line: the release, its support status and what was registered (an untested release says so).
+    log = logger.warning if versions.is_untested(version) else logger.info
+    log("hs_tracer: %s; %d hooks registered", versions.support(version), len(hooks.HOOKS))

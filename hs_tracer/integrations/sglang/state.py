@@ -297,8 +297,11 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
     from hs_tracer import sources
 
     family = sources.family_of(target["architecture"])
+    from hs_tracer.integrations.sglang.versions import rules_release
+
+    rules = rules_release(sglang_version or None)
     captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family,
-                                      sglang_version=sglang_version or None)
+                                      sglang_version=rules)
     return WiringRecord(
         model=os.path.basename(str(target.get("model_path", "")).rstrip("/")) or target["architecture"],
         target_arch=target["architecture"],
@@ -313,6 +316,7 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
         use_aux_hidden_state=aux.get("use_aux_hidden_state"),
         spec_args=dict(spec_args),
         sglang_version=sglang_version,
+        layer_id_rules=rules if rules and rules != sglang_version else "",
     )
 
 

@@ -13,10 +13,12 @@ can never break serving through hs_tracer.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import inspect
 import pkgutil
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -79,69 +81,175 @@ _V2_WORKER_HOOKS = (
          ("batch", "batch_result"), ("batch_result.logits_output.hidden_states",), worker="V2"),
 )
 _V2_PREFILL_PARAMS = ("batch", "target_hidden_states", "next_token_ids")
+# The prefill's draft extend when its batch is a ScheduleBatch (0.5.13 on).
+_V2_PREFILL_HOOK = Hook(f"{_V2}._draft_extend_for_prefill", "before",
+                        f"{_HOOKS}:before_draft_extend_for_prefill", _V2_PREFILL_PARAMS,
+                        ("batch.input_ids", "batch.prefix_lens", "batch.extend_lens"),
+                        worker="V2")
+# The target's aux-capture config resolved once per runner (0.5.16 on), and the runner right after
+# SGLang set the target's layers_to_capture (init_attention_backends, 0.5.14 on).
+_RESOLVE_AUX = ("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state"
+                ".resolve_spec_aux_hidden_state_config")
+# Before 0.5.22 the resolved config does not carry the draft's model config: the draft runner's own
+# call has it (its model_config argument).
+_RESOLVE_AUX_EACH_RUNNER = Hook(_RESOLVE_AUX, "after", f"{_HOOKS}:after_resolve_aux_config_of_each_runner",
+                                ("is_draft_worker", "model_config"),
+                                ("result.eagle_use_aux_hidden_state",
+                                 "result.eagle_aux_hidden_state_layer_ids", "model_config.hf_config"))
+_ATTENTION_BACKENDS_HOOK = Hook(f"{_RUNNER}.init_attention_backends", "after",
+                                f"{_HOOKS}:after_init_attention_backends",
+                                reads=("model", "model_config", "model.model.layers_to_capture", "device",
+                                       "gpu_id"))
+# Before 0.5.16 ModelRunner.init_aux_hidden_state_capture sets the target's layers_to_capture, in
+# the target's runner and in the draft's.
+_AUX_CAPTURE_HOOK = Hook(f"{_RUNNER}.init_aux_hidden_state_capture", "after",
+                         f"{_HOOKS_V1}:after_init_aux_capture",
+                         reads=("is_draft_worker", "eagle_use_aux_hidden_state",
+                                "eagle_aux_hidden_state_layer_ids", "model", "model_config", "device",
+                                "gpu_id"))
+# DeepseekV2Model.forward returns the aux states as a list up to 0.5.16, packed in one tensor after.
+_TARGET_FORWARD_TENSOR = Hook(_TARGET_MODEL, "after", f"{_HOOKS}:after_target_forward",
+                              reads=("layers_to_capture", "start_layer", "end_layer"))
+_TARGET_FORWARD_LIST = Hook(_TARGET_MODEL, "after", f"{_HOOKS_V1}:after_target_forward_list",
+                            reads=("layers_to_capture", "start_layer", "end_layer"))
+_RESULT_PROCESSOR = ("sglang.srt.managers.scheduler_components.batch_result_processor"
+                     ".SchedulerBatchResultProcessor")
+_RESOLVE_V2_TOKENS = Hook(f"{_RESULT_PROCESSOR}._resolve_spec_v2_tokens", "after",
+                          f"{_HOOKS}:after_resolve_spec_v2_tokens", ("result", "batch"),
+                          ("result.accept_lens", "result.speculative_num_draft_tokens", "batch.reqs"),
+                          worker="V2")
+_OUTPUT_MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin.SchedulerOutputProcessorMixin"
+_SCHEDULER_ENTRY = ("sglang.srt.managers.scheduler", "run_scheduler_process")
 
 _LOGITS_HOOK = Hook(_LOGITS, "after", f"{_HOOKS}:after_logits_forward", ("logits_metadata",),
-                    ("hidden_states", "logits_metadata.forward_mode", "logits_metadata.out_cache_loc"))
+                    ("result.hidden_states", "logits_metadata.forward_mode", "logits_metadata.out_cache_loc"))
 
+# The V1 worker's own hooks (0.5.11 and 0.5.12; gone from 0.5.13). Its accept lengths are
+# num_correct_drafts_per_req_cpu in 0.5.12 and num_accepted_drafts_per_req_cpu in 0.5.11.
+_V1_STARTUP_AND_INPUT_HOOKS = (
+    Hook(f"{_V1}.init_cuda_graphs", "after", f"{_HOOKS_V1}:after_v1_init_cuda_graphs",
+         reads=("draft_model_runner.model", "speculative_algorithm", "speculative_num_steps", "topk",
+                "speculative_num_draft_tokens", "cuda_graph_runner_for_draft_extend"), worker="V1"),
+    Hook(f"{_V1}.forward_draft_extend_after_decode", "before",
+         f"{_HOOKS_V1}:before_v1_draft_extend_after_decode", ("batch",),
+         ("batch.spec_info.hidden_states",), worker="V1"),
+    Hook(f"{_V1}.forward_draft_extend", "before", f"{_HOOKS_V1}:before_v1_draft_extend",
+         ("batch", "hidden_states", "next_token_ids"),
+         ("batch.input_ids", "batch.prefix_lens", "batch.extend_lens"), worker="V1"),
+)
+# 0.5.11 and 0.5.12's V2 prefill: a ModelWorkerBatch, whose lengths have other names.
+_V2_PREFILL_WORKER_BATCH = Hook(f"{_V2}._draft_extend_for_prefill", "before",
+                                f"{_HOOKS_V1}:before_v2_draft_extend_for_prefill", _V2_PREFILL_PARAMS,
+                                ("batch.input_ids", "batch.extend_prefix_lens", "batch.extend_seq_lens"),
+                                worker="V2")
+
+# Newest first: FAMILIES[0] is the newest family, and a release newer than every family's is checked
+# against it (``untested``).
 FAMILIES: tuple[ReleaseFamily, ...] = (
     ReleaseFamily(
-        name="0.5.23",
-        releases=("0.5.23",),
+        name="0.5.22",
+        releases=("0.5.22", "0.5.23"),
         workers=("V2",),
-        scheduler_entry=("sglang.srt.managers.scheduler", "run_scheduler_process"),
+        scheduler_entry=_SCHEDULER_ENTRY,
         hooks=(
-            Hook("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state"
-                 ".resolve_spec_aux_hidden_state_config", "after", f"{_HOOKS}:after_resolve_aux_config",
-                 ("is_draft_worker",), ("eagle_use_aux_hidden_state", "eagle_aux_hidden_state_layer_ids",
-                                        "draft_model_config.hf_config")),
-            Hook(f"{_RUNNER}.init_attention_backends", "after", f"{_HOOKS}:after_init_attention_backends",
-                 reads=("model", "model_config", "model.model.layers_to_capture", "device", "gpu_id")),
+            Hook(_RESOLVE_AUX, "after", f"{_HOOKS}:after_resolve_aux_config",
+                 ("is_draft_worker",), ("result.eagle_use_aux_hidden_state",
+                                        "result.eagle_aux_hidden_state_layer_ids",
+                                        "result.draft_model_config.hf_config")),
+            _ATTENTION_BACKENDS_HOOK,
             *_V2_WORKER_HOOKS,
-            Hook(f"{_V2}._draft_extend_for_prefill", "before", f"{_HOOKS}:before_draft_extend_for_prefill",
-                 _V2_PREFILL_PARAMS, ("batch.input_ids", "batch.prefix_lens", "batch.extend_lens"),
-                 worker="V2"),
-            Hook(_TARGET_MODEL, "after", f"{_HOOKS}:after_target_forward",
-                 reads=("layers_to_capture", "start_layer", "end_layer")),
+            _V2_PREFILL_HOOK,
+            _TARGET_FORWARD_TENSOR,
             _LOGITS_HOOK,
-            Hook("sglang.srt.managers.scheduler_components.batch_result_processor"
-                 ".SchedulerBatchResultProcessor._resolve_spec_v2_tokens", "after",
-                 f"{_HOOKS}:after_resolve_spec_v2_tokens", ("result", "batch"),
-                 ("result.accept_lens", "batch.reqs"), worker="V2"),
+            _RESOLVE_V2_TOKENS,
+        ),
+    ),
+    ReleaseFamily(
+        name="0.5.17",
+        releases=("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21"),
+        workers=("V2",),
+        scheduler_entry=_SCHEDULER_ENTRY,
+        hooks=(
+            _RESOLVE_AUX_EACH_RUNNER,
+            _ATTENTION_BACKENDS_HOOK,
+            *_V2_WORKER_HOOKS,
+            _V2_PREFILL_HOOK,
+            _TARGET_FORWARD_TENSOR,
+            _LOGITS_HOOK,
+            _RESOLVE_V2_TOKENS,
+        ),
+    ),
+    ReleaseFamily(
+        name="0.5.16",
+        releases=("0.5.16",),
+        workers=("V2",),
+        scheduler_entry=_SCHEDULER_ENTRY,
+        hooks=(
+            _RESOLVE_AUX_EACH_RUNNER,
+            _ATTENTION_BACKENDS_HOOK,
+            *_V2_WORKER_HOOKS,
+            _V2_PREFILL_HOOK,
+            _TARGET_FORWARD_LIST,
+            _LOGITS_HOOK,
+            _RESOLVE_V2_TOKENS,
+        ),
+    ),
+    # V2 only (the V1 worker is gone); the capture config still set in init_aux_hidden_state_capture.
+    ReleaseFamily(
+        name="0.5.13",
+        releases=("0.5.13", "0.5.14", "0.5.15"),
+        workers=("V2",),
+        scheduler_entry=_SCHEDULER_ENTRY,
+        hooks=(
+            _AUX_CAPTURE_HOOK,
+            *_V2_WORKER_HOOKS,
+            _V2_PREFILL_HOOK,
+            _TARGET_FORWARD_LIST,
+            _LOGITS_HOOK,
+            _RESOLVE_V2_TOKENS,
         ),
     ),
     ReleaseFamily(
         name="0.5.12",
         releases=("0.5.12",),
         workers=("V2", "V1"),
-        scheduler_entry=("sglang.srt.managers.scheduler", "run_scheduler_process"),
+        scheduler_entry=_SCHEDULER_ENTRY,
         hooks=(
-            Hook(f"{_RUNNER}.init_aux_hidden_state_capture", "after", f"{_HOOKS_V1}:after_init_aux_capture",
-                 reads=("is_draft_worker", "eagle_use_aux_hidden_state", "eagle_aux_hidden_state_layer_ids",
-                        "model", "model_config", "device", "gpu_id")),
+            _AUX_CAPTURE_HOOK,
             *_V2_WORKER_HOOKS,
-            Hook(f"{_V2}._draft_extend_for_prefill", "before",
-                 f"{_HOOKS_V1}:before_v2_draft_extend_for_prefill", _V2_PREFILL_PARAMS,
-                 ("batch.input_ids", "batch.extend_prefix_lens", "batch.extend_seq_lens"), worker="V2"),
-            Hook(f"{_V1}.init_cuda_graphs", "after", f"{_HOOKS_V1}:after_v1_init_cuda_graphs",
-                 reads=("draft_model_runner.model", "speculative_algorithm", "speculative_num_steps", "topk",
-                        "speculative_num_draft_tokens", "cuda_graph_runner_for_draft_extend"), worker="V1"),
-            Hook(f"{_V1}.forward_draft_extend_after_decode", "before",
-                 f"{_HOOKS_V1}:before_v1_draft_extend_after_decode", ("batch",),
-                 ("batch.spec_info.hidden_states",), worker="V1"),
-            Hook(f"{_V1}.forward_draft_extend", "before", f"{_HOOKS_V1}:before_v1_draft_extend",
-                 ("batch", "hidden_states", "next_token_ids"),
-                 ("batch.input_ids", "batch.prefix_lens", "batch.extend_lens"), worker="V1"),
+            _V2_PREFILL_WORKER_BATCH,
+            *_V1_STARTUP_AND_INPUT_HOOKS,
             Hook(f"{_V1}.forward_batch_generation", "after", f"{_HOOKS_V1}:after_v1_forward_batch_generation",
                  ("batch",), ("result.num_correct_drafts_per_req_cpu", "batch.reqs"), worker="V1"),
-            Hook(_TARGET_MODEL, "after", f"{_HOOKS_V1}:after_target_forward_list",
-                 reads=("layers_to_capture", "start_layer", "end_layer")),
+            _TARGET_FORWARD_LIST,
             _LOGITS_HOOK,
-            Hook("sglang.srt.managers.scheduler_output_processor_mixin"
-                 ".SchedulerOutputProcessorMixin._resolve_spec_overlap_tokens", "after",
+            Hook(f"{_OUTPUT_MIXIN}._resolve_spec_overlap_tokens", "after",
                  f"{_HOOKS}:after_resolve_spec_v2_tokens", ("result", "batch"),
-                 ("result.accept_lens", "batch.reqs"), worker="V2"),
+                 ("result.accept_lens", "result.speculative_num_draft_tokens", "batch.reqs"), worker="V2"),
         ),
         # SGLANG_ENABLE_SPEC_V2=0 (or --disable-overlap-schedule, or topk > 1) falls back to V1.
+        worker_env={"V1": {"SGLANG_ENABLE_SPEC_V2": "0"}},
+    ),
+    # 0.5.11's results carry no draft-token count and name the accepted drafts num_accepted_drafts_*.
+    ReleaseFamily(
+        name="0.5.11",
+        releases=("0.5.11",),
+        workers=("V2", "V1"),
+        scheduler_entry=_SCHEDULER_ENTRY,
+        hooks=(
+            _AUX_CAPTURE_HOOK,
+            *_V2_WORKER_HOOKS,
+            _V2_PREFILL_WORKER_BATCH,
+            *_V1_STARTUP_AND_INPUT_HOOKS,
+            Hook(f"{_V1}.forward_batch_generation", "after",
+                 f"{_HOOKS_V1}:after_v1_forward_batch_generation_accepted_drafts", ("batch",),
+                 ("result.num_accepted_drafts_per_req_cpu", "batch.reqs"), worker="V1"),
+            _TARGET_FORWARD_LIST,
+            _LOGITS_HOOK,
+            Hook(f"{_OUTPUT_MIXIN}._resolve_spec_overlap_token_ids", "after",
+                 f"{_HOOKS_V1}:after_resolve_spec_overlap_token_ids", ("result", "batch"),
+                 ("result.accept_lens", "batch.reqs"), worker="V2"),
+        ),
         worker_env={"V1": {"SGLANG_ENABLE_SPEC_V2": "0"}},
     ),
 )
@@ -151,6 +259,7 @@ SUPPORTED_VERSIONS = tuple(r for f in FAMILIES for r in f.releases)
 SCHEDULER_ENTRIES = frozenset(f.scheduler_entry for f in FAMILIES)
 
 _POST_RE = re.compile(r"\.post\d+$")
+_FINAL_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post\d+)?$")
 
 
 def release_of(version: str) -> str:
@@ -158,12 +267,53 @@ def release_of(version: str) -> str:
     return _POST_RE.sub("", version.strip())
 
 
+def _release_key(version: str) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a final release or its ``.postN``; None for anything else (rc, dev)."""
+    m = _FINAL_RE.match(version.strip())
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+NEWEST_RELEASE = max(SUPPORTED_VERSIONS, key=lambda r: _release_key(r) or (0, 0, 0))
+
+
+def is_untested(version: str | None) -> bool:
+    """A final release newer than every release in the table: checked against the newest family
+    (targets, parameters, reads and layer-id rule) instead of refused."""
+    key = _release_key(version) if version else None
+    newest = _release_key(NEWEST_RELEASE)
+    return key is not None and newest is not None and key > newest
+
+
 def family_for(version: str | None) -> ReleaseFamily | None:
-    """The family of an SGLang version, or None when hs_tracer does not support it."""
+    """The family of an SGLang version: the one listing its release; for a release newer than the
+    newest listed one the newest family (:func:`is_untested`); None when hs_tracer does not support it."""
     if version is None:
         return None
     release = release_of(version)
-    return next((f for f in FAMILIES if release in f.releases), None)
+    listed = next((f for f in FAMILIES if release in f.releases), None)
+    if listed is None and is_untested(version):
+        return FAMILIES[0]
+    return listed
+
+
+def support(version: str | None) -> str:
+    """The support status of an SGLang version, in words (``hs-tracer check`` and the plugin's
+    startup line print it)."""
+    if version is None:
+        return "sglang is not installed"
+    family = family_for(version)
+    if family is None:
+        return f"sglang {version}: not supported (supported: {supported_text()})"
+    if is_untested(version):
+        return (f"sglang {version}: untested release, newer than {NEWEST_RELEASE}; traced only when its "
+                f"hook targets, parameters, reads and layer-id rule match the {family.name} family's")
+    return f"sglang {version}: supported, tested (release family {family.name})"
+
+
+def supported_text() -> str:
+    """The supported releases, oldest to newest, for messages."""
+    ordered = sorted(SUPPORTED_VERSIONS, key=lambda r: _release_key(r) or (0, 0, 0))
+    return f"{ordered[0]} to {ordered[-1]} and their .postN; newer releases when their internals match"
 
 
 def hook_name(handler: str) -> str:
@@ -187,11 +337,13 @@ def installed_family() -> ReleaseFamily | None:
     return family_for(installed_version())
 
 
-def problems(family: ReleaseFamily | None = None) -> list[str]:
+def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = None) -> list[str]:
     """What is missing or changed in the installed SGLang, as short phrases (empty: supported).
 
     ``family`` overrides the family chosen by the installed version (tests check one family's targets
-    against another release this way).
+    against another release this way). ``check_reads`` (default: only for an untested release) also
+    checks that every attribute the hooks read is still named in SGLang's source and that the
+    DeepSeek and gpt-oss layer-id rules are still the family's.
     """
     version = installed_version()
     if version is None:
@@ -200,7 +352,9 @@ def problems(family: ReleaseFamily | None = None) -> list[str]:
     if family is None:
         family = family_for(version)
         if family is None:
-            return [f"sglang {version} is not a supported release ({', '.join(SUPPORTED_VERSIONS)})"]
+            return [f"sglang {version} is not a supported release ({supported_text()})"]
+    if check_reads is None:
+        check_reads = is_untested(version)
     module, function = family.scheduler_entry
     try:
         pkgutil.resolve_name(f"{module}:{function}")
@@ -222,4 +376,134 @@ def problems(family: ReleaseFamily | None = None) -> list[str]:
         missing = sorted(p for p in params if p not in names)
         if missing:
             found.append(f"{target} no longer takes {', '.join(missing)}")
+    if check_reads and not found:
+        found += _changed_reads(family) + _changed_layer_id_rules()
     return found
+
+
+_WORD_RE = re.compile(r"\b\w+\b")
+
+
+def _changed_reads(family: ReleaseFamily) -> list[str]:
+    """Each attribute a hook reads must still be there. Where the read starts at a parameter (or the
+    result) whose annotation names a class, its first attribute must be one of that class's fields or
+    attributes; every other name must still occur in the target's module or, failing that, in an
+    SGLang module imported so far (a rename removes the old name)."""
+    package: set[str] | None = None
+    found = []
+    for hook in family.hooks:
+        fn = pkgutil.resolve_name(hook.target)
+        module = sys.modules.get(fn.__module__)
+        try:
+            words = set(_WORD_RE.findall(inspect.getsource(module))) if module else set()
+        except (OSError, TypeError):
+            words = set()
+        for read in hook.reads:
+            parts = read.split(".")
+            rooted = parts[0] in (*hook.params, "result")
+            names = parts[1:] if rooted else parts
+            cls = _annotated_class(fn, parts[0]) if rooted else None
+            if cls is not None and names:
+                if not _has_attribute(cls, names[0]):
+                    found.append(f"{hook.name} reads {read}, but {cls.__name__} has no {names[0]}")
+                    continue
+                names = names[1:]
+            gone = [n for n in names if n not in words]
+            if gone and package is None:
+                package = _srt_words()
+            gone = [n for n in gone if n not in (package or set())]
+            if gone:
+                found.append(f"{hook.name} reads {read}, but SGLang no longer names {', '.join(gone)}")
+    return found
+
+
+def _annotated_class(fn: object, name: str) -> type | None:
+    """The class a parameter (``result``: the return value) of ``fn`` is annotated with, if any."""
+    try:
+        sig = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if name == "result":
+        annotation = sig.return_annotation
+    else:
+        param = sig.parameters.get(name)
+        annotation = param.annotation if param is not None else inspect.Signature.empty
+    if isinstance(annotation, str):
+        annotation = getattr(fn, "__globals__", {}).get(annotation.strip("'\""))
+    return annotation if isinstance(annotation, type) else None
+
+
+def _has_attribute(cls: type, name: str) -> bool:
+    """A field (dataclass, msgspec struct, annotation), a class attribute, or an instance attribute
+    the class's own source sets (``self.name``)."""
+    fields = set(getattr(cls, "__struct_fields__", ()))  # msgspec structs
+    for klass in cls.__mro__:
+        fields.update(getattr(klass, "__annotations__", {}))
+    if name in fields or hasattr(cls, name):
+        return True
+    try:
+        return f"self.{name}" in inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+
+
+def _srt_words() -> set[str]:
+    """The names in every SGLang module imported so far (the hook targets' and what they import)."""
+    words: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) if name.startswith("sglang.srt") else None
+        if path and path.endswith(".py"):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    words.update(_WORD_RE.findall(f.read()))
+            except OSError:
+                continue
+    return words
+
+
+# (module, class, layer-id family) whose set_eagle3_layers_to_capture changed between releases.
+_RULE_CLASSES = (("sglang.srt.models.deepseek_v2", "DeepseekV3ForCausalLM", "deepseek"),
+                 ("sglang.srt.models.gpt_oss", "GptOssForCausalLM", "gpt_oss"))
+_RULE_CASES = ((61, (None, (1, 29, 57), (2, 30, 58), (0, 3, 31))), (36, ((24, 30, 36), (1, 17, 33))))
+
+
+def _changed_layer_id_rules() -> list[str]:
+    """Run the installed release's own ``set_eagle3_layers_to_capture`` (on a stand-in ``self``; no
+    weights) and compare with the rule hs_tracer applies to it (:func:`rules_release`)."""
+    from types import SimpleNamespace
+
+    from hs_tracer import sources
+
+    release = rules_release(installed_version())
+    found = []
+    for module, name, family in _RULE_CLASSES:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{module}.{name} is missing ({type(exc).__name__})")
+            continue
+        for n, cases in _RULE_CASES:
+            for ids in cases:
+                inner = SimpleNamespace(layers_to_capture=[])
+                inner.set_eagle3_layers_to_capture = lambda got, inner=inner: setattr(
+                    inner, "layers_to_capture", list(got))
+                fake = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True),
+                                       config=SimpleNamespace(num_hidden_layers=n), model=inner,
+                                       capture_aux_hidden_states=False)
+                want = sources.sglang_layers_to_capture(list(ids) if ids else None, sources.Family(family), n,
+                                                        sglang_version=release)
+                try:
+                    cls.set_eagle3_layers_to_capture(fake, list(ids) if ids else None)
+                    got = list(inner.layers_to_capture)
+                except Exception as exc:  # any failure means the rule changed
+                    got = f"{type(exc).__name__}"
+                if got != want:
+                    found.append(f"{name}.set_eagle3_layers_to_capture({list(ids) if ids else None}) with "
+                                 f"{n} layers gives {got}, {release}'s rule {want}")
+    return found
+
+
+def rules_release(version: str | None) -> str | None:
+    """The release whose layer-id rules apply to ``version``: itself, or for an untested release
+    the newest listed one (its guard checked that the rule is unchanged)."""
+    return NEWEST_RELEASE if is_untested(version) else version

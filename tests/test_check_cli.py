@@ -149,7 +149,8 @@ def test_variant_ids_shift_on_an_older_release(
     assert code == 1
     report = json.loads(out)
     assert report["preflight"]["engine"]["name"] == "sglang==0.5.12"
-    assert report["preflight"]["engine"]["support"] == "sglang 0.5.12: supported, tested (release family 0.5.12)"
+    assert report["preflight"]["engine"]["support"] == \
+        "sglang 0.5.12: supported, tested (release family 0.5.12)"
     assert report["preflight"]["engine"]["layers_to_capture"] == [1, 4, 5]
     mism = [
         (f["slot"], f["expected"], f["observed"])

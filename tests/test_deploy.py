@@ -457,13 +457,13 @@ def test_deploy_doc_for_an_existing_fleet() -> None:
         assert f"| SGLang | {release}, {release}.postN | yes" in part0, release
     for name in config.VARIABLES:
         assert f"`{name}" in part0, name
-    family = versions.installed_family()
-    assert family is not None
-    assert f"hs_tracer: {len(hooks.HOOKS)} hooks registered for sglang {family.name}\n" in part0
+    version = versions.installed_version()
+    assert versions.installed_family() is not None
+    assert f"hs_tracer: {versions.support(version)}; {len(hooks.HOOKS)} hooks registered\n" in part0
     _cfg, line = env.validate({"HS_TRACER": "1", "HS_TRACER_CAPTUR_DIR": "/x"})
     assert f"{line}\n" in part0
-    unsupported = (f"hs_tracer: tracing stays off: sglang 0.5.20 is not a supported release "
-                   f"({', '.join(versions.SUPPORTED_VERSIONS)})")
+    unsupported = (f"hs_tracer: tracing stays off: sglang 0.5.10 is not a supported release "
+                   f"({versions.supported_text()})")
     assert f"{unsupported}\n" in part0
     assert "hs_tracer: tracing on (tp 0, pp 0, dp 0): " in part0 and "dashboards push" in part0
     assert "'hs_tracer[dashboards]'" in part0 and "Import" in part0 and "--runbook-base" in part0

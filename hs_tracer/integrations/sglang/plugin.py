@@ -82,8 +82,8 @@ def _register() -> None:
     family = versions.installed_family()
     version = versions.installed_version()
     if found or family is None:
-        logger.warning("hs_tracer: tracing stays off for this SGLang: %s (%s)", "; ".join(found),
-                       versions.support(version))
+        status = f" ({versions.support(version)})" if family is not None else ""
+        logger.warning("hs_tracer: tracing stays off for this SGLang: %s%s", "; ".join(found), status)
         return
 
     from sglang.srt.plugins.hook_registry import HookRegistry

@@ -1,4 +1,6 @@
-"""The hooks for SGLang releases with the V1 ``EAGLEWorker`` (the 0.5.12 family in :mod:`.versions`).
+"""The hooks for SGLang releases with the V1 ``EAGLEWorker`` (the 0.5.11 and 0.5.12 families in
+:mod:`.versions`), and those of their capture-config and target-forward hooks that later families
+up to 0.5.16 share.
 
 They feed the same tracer state, StepRecords and exports as the V2 hooks (:mod:`.hooks`), so
 dashboards and alerts do not depend on the worker:

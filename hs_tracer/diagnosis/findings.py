@@ -105,7 +105,7 @@ class SlotVerdict:
     def evidence(self) -> str:
         """The slot's evidence in words: what it matches, how near, and what the other candidate would be."""
         if self.distance is None:
-            return "(from the config; nothing measured)"
+            return "(SGLang's layer-id rule read from the config; nothing measured)"
         if self.observed_source == self.expected_source:
             near = "matches training"
         elif self.observed_source == "unknown":  # sources.UNKNOWN: no candidate is near enough
@@ -227,7 +227,8 @@ class Report:
         lines.append(f"status: {self.status}" + (" (not everything was checked: see the info below)"
                                                   if unchecked else ""))
         for s in self.slots:
-            mark = "" if s.expected_source == s.observed_source else "<-- mismatch: "
+            mark = "" if s.expected_source == s.observed_source else (
+                "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
             seen = "observed" if s.distance is not None else "fed     "
             lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "
                          f"{s.observed_source:<10} {mark}{s.evidence()}")

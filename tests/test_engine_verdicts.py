@@ -11,6 +11,8 @@ diagnosis workload): the severity follows what is served, and the report leads w
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +50,34 @@ def test_top_level_ids_served_right_exit_0_with_a_warning(engines) -> None:
     ignored = [f for f in d["findings"] if f["code"] == "layer_ids_ignored"]
     assert ignored and ignored[0]["severity"] == "warning" and "bites" in ignored[0]["message"]
     assert Report.from_json(d).exit_code == 0
+    # the key sits in the wrong place: the fix moves it (with the ids unchanged), never "retrain"
+    root = next(r for r in d["root_causes"] if r["cause"] == "layer_ids")
+    assert root["fix"].startswith("move eagle_aux_hidden_state_layer_ids from the top level of config.json "
+                                  "into eagle_config") and "unchanged" in root["fix"]
+    assert "retrain" not in json.dumps(d)
+
+
+def test_demo_ends_with_one_verdict_line(engines) -> None:
+    """The demo's last line on the real engines' reports: nothing to do for the correct draft and the
+    miswiring caught; the fix when the configured draft is the miswired one."""
+    from hs_tracer_testbed.demo import Run, exit_code, human
+
+    def run(name: str) -> Run:
+        return Run(name, Path("target"), Path("draft"), [], [], [],
+                   engines[name].workloads["diagnosis"]["schedulers"])
+
+    caught = human([run("correct"), run("ids_shifted")], expect_miswired=True).splitlines()
+    assert caught[-1].startswith("verdict: the draft as configured: ") and "fix this" not in caught[-1]
+    assert caught[-1].endswith("; the deliberate miswiring (ids_shifted) was caught")
+    assert exit_code([run("correct"), run("ids_shifted")], expect_miswired=True) == 0
+    alone = human([run("ids_shifted")]).splitlines()
+    assert alone[-1] == ("verdict: fix this before relying on speculation: set "
+                         "eagle_config.eagle_aux_hidden_state_layer_ids to [1, 3, 4]")
+    assert exit_code([run("ids_shifted")], expect_miswired=False) == 1
+    # one numbering on screen: canonical sources, SGLang's layers_to_capture only with --verbose
+    assert not any("layers_to_capture" in line for line in caught)
+    assert any("layers_to_capture [2, 4, 5]" in line
+               for line in human([run("correct")], verbose=True).splitlines())
 
 
 def test_one_wrong_id_list_gives_one_root_cause_with_its_fix(engines) -> None:

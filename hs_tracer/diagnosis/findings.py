@@ -84,10 +84,10 @@ class SlotVerdict:
 
     ``score`` (kept for the JSON) is ``0.5 ** distance``: 1 identical, 0.5 at the calibrated
     same-source level. ``distance`` says the same in the unit a reader can judge: the divergence of
-    the slot's statistics from the observed source's, in multiples of that level (up to 1: the same
-    source); ``alternative`` is the source a reader would compare with (the trained one when another
-    was observed, else the nearest other) at ``alternative_distance``. A preflight slot (from the
-    config, nothing measured) has no distance.
+    the slot's statistics from the observed source's, in multiples of that level; ``alternative`` is
+    the source a reader would compare with (the trained one when another was observed, else the
+    nearest other) at ``alternative_distance``. A preflight slot (from the config, nothing measured)
+    has no distance.
     """
 
     index: int

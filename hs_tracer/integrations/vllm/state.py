@@ -54,6 +54,7 @@ class TracerState:
     spec_args: dict[str, Any] = field(default_factory=dict)
     wiring: WiringRecord | None = None
     static_findings: list[Finding] = field(default_factory=list)
+    profile_fits: bool = True  # False: HS_TRACER_PROFILE is of another model and is not used
     ranks: Ranks | None = None
     emitting: bool = True  # False on tensor-parallel ranks other than 0
     steps: StepPath | None = None
@@ -103,6 +104,11 @@ class TracerState:
             logger.warning("hs_tracer: %s", f.one_line())
         self.ranks, self.emitting = _ranks()
         if self.emitting:
+            r = self.ranks  # the line that proves the startup hook ran, as under SGLang
+            logger.info("hs_tracer: tracing on (tp %d, pp %d, dp %d): %s feeds the draft %s (vllm ids %s "
+                        "from %s); %d startup finding(s)", r.tp, r.pp, r.dp, wiring.target_arch,
+                        ", ".join(wiring.sources) or "no aux hidden states", wiring.layers_to_capture,
+                        wiring.layer_ids_key or "-", len(findings))
             slots = len(wiring.sources) if wiring.use_aux_hidden_state else 1
             probe = None
             if slots and wiring.hidden_size > 0:

@@ -117,7 +117,10 @@ def test_other_domain_miswiring_still_detected(profile: Profile, other_domain: S
     live = scenarios(profile.sources)["slots_reversed"]
     report = judge(profile, other_domain.window(live, WINDOW, np.random.default_rng(3)))
     assert report.status == "miswired"
-    assert [s.observed_source for s in report.slots] == live
+    for s, fed in zip(report.slots, live, strict=True):
+        # named exactly, or (where this window puts two sources within a hair: block:3 at 0.082, block:2
+        # at 0.084) stated as the ambiguity it is, the source really fed among the candidates
+        assert s.observed_source == fed or (s.observed_source == "unknown" and fed in s.candidates), s
 
 
 def test_gradual_shift_with_the_right_sources_is_drift(profile: Profile, heldout: StatePool) -> None:

@@ -35,6 +35,8 @@ class Calibration:
     max_d_expected: list[float]  # per slot
     max_ratio: float
     resolution: list[float | None]  # per slot: D(trained source, nearest other candidate) / t_match
+    margin: list[float]  # per slot: the excess (in units of the distance between two sources) that excludes
+    min_margin: list[float | None]  # per slot: the smallest such excess of another source on a correct window
 
 
 def candidates(profile: Profile, thresholds: Thresholds) -> Candidates:
@@ -80,6 +82,7 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
     m = len(ptok)
     d_exp = np.zeros((thresholds.calibration_windows, k))
     ratio = np.zeros((thresholds.calibration_windows, k))
+    lowest = np.full(k, np.inf)  # how near (in units of the pair distance) another source came
     for b in range(thresholds.calibration_windows):
         pick = rng.choice(m, size=ppw, replace=False)
         n = ptok[pick].sum()
@@ -97,6 +100,9 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
             others = np.delete(dist[slot], c)
             d_exp[b, slot] = dist[slot, c]
             ratio[b, slot] = dist[slot, c] / max(float(others.min()), 1e-30) if len(others) else 0.0
+            if len(others):
+                excess = (np.delete(dist[slot], c) - dist[slot, c]) / np.delete(cands.pair[c], c)
+                lowest[slot] = min(lowest[slot], float(excess.min()))
     t_match = max(thresholds.match_safety * float(d_exp.max()), 1e-12)
     max_ratio = float(ratio.max())
     rho = max(thresholds.rho_min, thresholds.rho_safety * max_ratio)
@@ -107,6 +113,10 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
     for slot, c in enumerate(exp_idx):
         others = np.delete(ref[slot], c)
         resolution.append(round(float(others.min()) / t_match, 3) if len(others) else None)
+    # A correct window whose nearest other source came nearer than its own (lowest < 0) shows how
+    # far the right source can trail: excluding a source needs more than that (per depth: each slot).
+    margin = [max(thresholds.margin_min, -thresholds.margin_safety * float(v)) if np.isfinite(v)
+              else thresholds.margin_min for v in lowest]
     cal = Calibration(
         window_tokens=ppw * int(profile.meta["piece_tokens"]),
         windows=thresholds.calibration_windows,
@@ -115,6 +125,8 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
         max_d_expected=[round(float(v), 6) for v in d_exp.max(0)],
         max_ratio=max_ratio,
         resolution=resolution,
+        margin=[round(v, 4) for v in margin],
+        min_margin=[round(float(v), 4) if np.isfinite(v) else None for v in lowest],
     )
     profile._cache[key] = cal
     return cal

@@ -98,6 +98,7 @@ class SlotVerdict:
     distance: float | None = None
     alternative: str | None = None
     alternative_distance: float | None = None
+    candidates: list[str] | None = None  # sources this window cannot tell apart (observed "unknown")
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k == "score"}
@@ -108,6 +109,8 @@ class SlotVerdict:
             return "(SGLang's layer-id rule read from the config; nothing measured)"
         if self.observed_source == self.expected_source:
             near = "matches training"
+        elif self.candidates:  # sources.UNKNOWN with candidates: the window cannot tell them apart
+            near = f"one of {' or '.join(self.candidates)}, not told apart"
         elif self.observed_source == "unknown":  # sources.UNKNOWN: no candidate is near enough
             near = "no source fits"
         else:
@@ -228,7 +231,8 @@ class Report:
                                                   if unchecked else ""))
         for s in self.slots:
             mark = "" if s.expected_source == s.observed_source else (
-                "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
+                "<-- ambiguous: " if s.expected_source in (s.candidates or ())
+                else "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
             seen = "observed" if s.distance is not None else "fed     "
             lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "
                          f"{s.observed_source:<10} {mark}{s.evidence()}")

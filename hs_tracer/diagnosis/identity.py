@@ -90,7 +90,8 @@ def diagnose_detailed(
     cal = calibrate(profile, tokens, th)
     cands = candidates(profile, th)
     matches = match_slots(
-        stats, profile.sources, cands, t_match=cal.t_match, rho=cal.rho, thresholds=th, tokens=tokens
+        stats, profile.sources, cands, t_match=cal.t_match, rho=cal.rho, thresholds=th, tokens=tokens,
+        margin=cal.margin,
     )
     verdicts, slot_f = slot_findings(matches, cal.t_match, profile.atlas is not None)
     return Diagnosis(Report(slots=verdicts, findings=findings + slot_f), tokens, cal, matches)

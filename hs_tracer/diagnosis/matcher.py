@@ -24,6 +24,7 @@ see :mod:`hs_tracer.diagnosis.calibration`):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,13 @@ import numpy as np
 from hs_tracer.diagnosis.findings import Code, Finding, Report, Severity, SlotVerdict
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.sources import UNKNOWN
+
+CHANNEL_TRIM = 0.02
+"""Fraction of channels (the largest per-channel divergences) left out of ``D``'s mean. A real model's
+residual stream carries massive-activation channels: on a handful of tokens in ten thousand one
+channel reaches 100x its usual size (SmolLM2-135M: 20 736 in channel 507 against a spread of ~3), so
+whether a window holds one of those tokens dominates that channel's moments and, untrimmed, ``D``
+itself; a window of another layer can then sit nearer than the right one."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,9 @@ class Thresholds:
     drift_factor: float = 4.0  # feature_drift when D(expected) > drift_factor x t_match and it is still best
     drift_min_tokens: int = 1024  # drift is judged on windows at least this long (small ones are too noisy)
     unknown_factor: float = 10.0  # observed "unknown" when D(best) > unknown_factor x t_match
+    margin_min: float = 0.5  # a candidate is excluded when D(c) - D(best) >= margin x D(best <-> c)
+    margin_safety: float = 1.5  # margin >= margin_safety x the deepest a correct window let a neighbour in
+    max_candidates: int = 4  # sources listed for a slot the statistics cannot pin to one
     calibration_windows: int = 64  # bootstrap windows per calibrated window size
     var_floor: float = 1e-4  # variance floor, relative to the mean variance of the reference source
     seed: int = 0
@@ -65,7 +76,11 @@ def divergence(
     s1 = np.maximum(live_var[:, None, :], fl)
     s2 = np.maximum(ref_var[None, :, :], fl)
     d = (live_mean[:, None, :] - ref_mean[None, :, :]) ** 2
-    return np.mean(0.5 * ((s1 + d) / s2 + (s2 + d) / s1) - 1.0, axis=2)
+    per_channel = 0.5 * ((s1 + d) / s2 + (s2 + d) / s1) - 1.0
+    keep = per_channel.shape[2] - int(per_channel.shape[2] * CHANNEL_TRIM)
+    if keep < per_channel.shape[2]:
+        per_channel = np.partition(per_channel, keep - 1, axis=2)[:, :, :keep]
+    return np.mean(per_channel, axis=2)
 
 
 @dataclass
@@ -78,9 +93,10 @@ class Candidates:
     floor: np.ndarray  # [C]
     origin: list[str] = field(default_factory=list)  # "trained" | "extra" | "atlas" per candidate
     gap: np.ndarray | None = None  # [C]: D from each candidate to its nearest other candidate
+    pair: np.ndarray | None = None  # [C, C]: D between candidates (symmetrised; inf on the diagonal)
 
     def __post_init__(self) -> None:
-        if self.gap is None:
+        if self.pair is None:
             # row by row: a [C, C, H] temporary would be ~0.2 GB per array for 63 candidates at H=7168
             d = np.stack(
                 [
@@ -88,8 +104,12 @@ class Candidates:
                     for i in range(len(self.names))
                 ]
             )
+            d = 0.5 * (d + d.T)  # each row uses its own variance floor
             np.fill_diagonal(d, np.inf)
-            self.gap = d.min(axis=1) if len(self.names) > 1 else np.full(len(self.names), np.inf)
+            self.pair = d
+        if self.gap is None:
+            n = len(self.names)
+            self.gap = self.pair.min(axis=1) if n > 1 else np.full(n, np.inf)
 
     def index(self, name: str) -> int | None:
         return self.names.index(name) if name in self.names else None
@@ -146,6 +166,23 @@ class SlotMatch:
     drift_score: float = (
         0.0  # D(expected) / max(t_match, gap of the expected source): drift above drift_factor
     )
+    candidates: list[str] = field(default_factory=list)  # sources the window cannot exclude, nearest first
+
+
+def not_excluded(row: np.ndarray, best: int, pair: np.ndarray, margin: float, rho: float) -> np.ndarray:
+    """Candidates a window's divergences ``row`` cannot exclude, nearest first (``best`` included).
+
+    A candidate is excluded when it is farther than the best by ``margin`` times the distance between
+    the two sources, or by the calibrated ratio ``rho``. The margin is what survives a change of text
+    domain: such a change inflates every divergence by about the same amount (so ratios shrink toward 1
+    on real models whose neighbouring layers differ little), while the excess of a wrong source over the
+    right one stays about the distance between them.
+    """
+    excess = row - row[best]
+    keep = (excess < margin * pair[best]) & (row < rho * max(row[best], 1e-30))
+    keep[best] = True
+    idx = np.flatnonzero(keep)
+    return idx[np.argsort(row[idx], kind="stable")]
 
 
 def match_slots(
@@ -157,6 +194,7 @@ def match_slots(
     rho: float,
     thresholds: Thresholds,
     tokens: int,
+    margin: Sequence[float] | None = None,
 ) -> list[SlotMatch]:
     """Per live slot: distances to all candidates and the decision described in the module docstring."""
     mean, var = moments(live)
@@ -175,18 +213,25 @@ def match_slots(
         # source and its nearest neighbour (a prompt-distribution change moves a slot by about that much).
         far_best = max(t_match, float(cands.gap[best]))
         far_exp = max(t_match, float(cands.gap[e])) if e is not None else t_match
+        mu = margin[k] if margin is not None and k < len(margin) else thresholds.margin_min
+        kept = not_excluded(row, best, cands.pair, mu, rho)
+        names = [cands.names[int(i)] for i in kept]
         if d_best > thresholds.unknown_factor * far_best:
-            verdict, observed = "unknown", UNKNOWN
-        elif e == best:
+            verdict, observed, names = "unknown", UNKNOWN, []
+        elif names == [exp_name]:
             drifted = d_exp > thresholds.drift_factor * far_exp and tokens >= thresholds.drift_min_tokens
             verdict = "drift" if drifted else "ok"
             observed = exp_name
-        elif d_exp >= rho * max(d_best, 1e-30):
-            verdict, observed = "mismatch", cands.names[best]
-        elif d_exp <= thresholds.drift_factor * far_exp:
-            verdict, observed = "ok", exp_name  # not decisive, and the trained source still fits
+        elif exp_name not in names:
+            # the trained source is excluded: a mismatch, named exactly only when one source is left
+            verdict, observed = "mismatch", names[0] if len(names) == 1 else UNKNOWN
         else:
-            verdict, observed = "ambiguous", UNKNOWN
+            verdict, observed = "ambiguous", UNKNOWN  # the trained source and another both fit
+        if len(names) > thresholds.max_candidates:  # the nearest few, and the trained one if it fits
+            head = names[: max(thresholds.max_candidates, 2)]
+            if exp_name in names and exp_name not in head:
+                head[-1] = exp_name
+            names = head
         out.append(
             SlotMatch(
                 k,
@@ -199,6 +244,7 @@ def match_slots(
                 float(row[runner]) if runner is not None else None,
                 verdict,
                 d_exp / far_exp,
+                names if len(names) > 1 else [],
             )
         )
     return out
@@ -223,7 +269,8 @@ def slot_findings(
         verdicts.append(SlotVerdict(
             m.index, m.expected, m.observed, round(score_of(d_obs, t_match), 4), margin,
             distance=_rounded(d_obs / unit), alternative=alt,
-            alternative_distance=None if d_alt is None or alt is None else _rounded(d_alt / unit)))
+            alternative_distance=None if d_alt is None or alt is None else _rounded(d_alt / unit),
+            candidates=list(m.candidates) or None))
         if m.expected == UNKNOWN or m.verdict == "ok":
             continue  # slots beyond the trained K: the width finding already says so
         findings.append(_slot_finding(m, t_match, has_atlas))
@@ -243,8 +290,24 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
         "runner_up": m.runner_up,
         "t_match": round(t_match, 6),
     }
+    if m.candidates:
+        details["candidates"] = list(m.candidates)
     common = {"slot": m.index, "expected": m.expected, "details": details}
     level = max(t_match, 1e-30)
+    either = " or ".join(m.candidates)
+    if m.verdict == "mismatch" and m.candidates:
+        return Finding(
+            Code.SLOT_SOURCE_MISMATCH,
+            Severity.CRITICAL,
+            f"slot {m.index} carries {either} (this window cannot tell them apart); the draft was trained"
+            f" on {m.expected}, which the window excludes (distance {m.d_best / level:.2g} to {m.best} vs"
+            f" {m.d_expected / level:.3g} to {m.expected}, in match levels)",
+            fix=f"make the engine feed {m.expected} in slot {m.index} (it feeds {either}): check the"
+            " draft config's eagle_aux_hidden_state_layer_ids and the engine's layer-id convention"
+            " (hs-tracer check)",
+            observed=UNKNOWN,
+            **common,
+        )
     if m.verdict == "mismatch":
         how = (
             ""
@@ -272,6 +335,18 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
             f" (match levels); trained on {m.expected}{hint}",
             fix="check that the serving target, its dtype and the captured layers are those the draft was "
             "trained with (hs-tracer check)",
+            observed=UNKNOWN,
+            **common,
+        )
+    if m.verdict == "ambiguous" and m.candidates:
+        nearer = "" if m.best == m.expected else f" ({m.best} fits best, not decisively)"
+        return Finding(
+            Code.SLOT_SOURCE_MISMATCH,
+            Severity.WARNING,
+            f"slot {m.index} carries {either}: this window cannot tell them apart{nearer}, so it cannot"
+            f" confirm the trained {m.expected} nor exclude a layer shift",
+            fix="collect a longer window; the engine's layers_to_capture (recorded at startup with "
+            "HS_TRACER=1) or the acceptance against the profile's expectation decides",
             observed=UNKNOWN,
             **common,
         )

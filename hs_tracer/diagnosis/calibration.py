@@ -101,7 +101,8 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
             d_exp[b, slot] = dist[slot, c]
             ratio[b, slot] = dist[slot, c] / max(float(others.min()), 1e-30) if len(others) else 0.0
             if len(others):
-                excess = (np.delete(dist[slot], c) - dist[slot, c]) / np.delete(cands.pair[c], c)
+                pair = np.maximum(np.delete(cands.pair[c], c), 1e-30)
+                excess = (np.delete(dist[slot], c) - dist[slot, c]) / pair
                 lowest[slot] = min(lowest[slot], float(excess.min()))
     t_match = max(thresholds.match_safety * float(d_exp.max()), 1e-12)
     max_ratio = float(ratio.max())

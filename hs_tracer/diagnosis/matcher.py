@@ -179,8 +179,7 @@ def not_excluded(row: np.ndarray, best: int, pair: np.ndarray, margin: float, rh
     right one stays about the distance between them.
     """
     excess = row - row[best]
-    keep = (excess < margin * pair[best]) & (row < rho * max(row[best], 1e-30))
-    keep[best] = True
+    keep = ((excess < margin * pair[best]) & (row < rho * max(row[best], 1e-30))) | (excess <= 0)
     idx = np.flatnonzero(keep)
     return idx[np.argsort(row[idx], kind="stable")]
 

@@ -111,7 +111,7 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
     def post_release():
         # V.post1 keeps V's internals: the guard checks that family's real targets and passes.
         real = versions.installed_version
-        release = real()
+        release = versions.release_of(real())
         try:
             versions.installed_version = lambda: release + ".post1"
             assert versions.installed_family() is versions.family_for(release)

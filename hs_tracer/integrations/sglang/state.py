@@ -326,7 +326,7 @@ def _ranks() -> tuple[Ranks, bool]:
     without a DP controller."""
     try:
         from sglang.srt.runtime_context import get_parallel
-    except ImportError:  # releases before SGLang's runtime context (0.5.12)
+    except ImportError:  # releases before SGLang's runtime context (0.5.11-0.5.13)
         return _ranks_before_runtime_context()
 
     try:
@@ -337,7 +337,9 @@ def _ranks() -> tuple[Ranks, bool]:
     def rank(name: str) -> int:
         try:
             return int(getattr(par, name) or 0)
-        except (AttributeError, KeyError, RuntimeError):  # not published in this configuration
+        # not published in this configuration; 0.5.14-0.5.16 read parallel_state, which asserts
+        # when a group is not initialised
+        except (AssertionError, AttributeError, KeyError, RuntimeError):
             return 0
 
     ranks = Ranks(tp=rank("tp_rank"), pp=rank("pp_rank"), dp=rank("dp_rank"), attn_dp=rank("attn_dp_rank"))

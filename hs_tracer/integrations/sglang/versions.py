@@ -348,34 +348,15 @@ def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = 
     version = installed_version()
     if version is None:
         return ["sglang is not installed"]
-    found: list[str] = []
     if family is None:
         family = family_for(version)
         if family is None:
             return [f"sglang {version} is not a supported release ({supported_text()})"]
     if check_reads is None:
         check_reads = is_untested(version)
-    module, function = family.scheduler_entry
-    try:
-        pkgutil.resolve_name(f"{module}:{function}")
-    except (ImportError, AttributeError) as exc:
-        found.append(f"the scheduler process entry {module}.{function} is missing ({type(exc).__name__}): "
-                     "SGLang starts schedulers elsewhere now")
-    for target in sorted({h.target for h in family.hooks}):
-        params = {p for h in family.hooks if h.target == target for p in h.params}
-        try:
-            fn = pkgutil.resolve_name(target)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{target} is missing ({type(exc).__name__})")
-            continue
-        try:
-            names = set(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            found.append(f"{target} has no inspectable signature")
-            continue
-        missing = sorted(p for p in params if p not in names)
-        if missing:
-            found.append(f"{target} no longer takes {', '.join(missing)}")
+    # Outside a scheduler process the first import of SGLang's modules can stop inside one of its own
+    # import cycles (0.5.14's scheduler module, imported first): a second pass sees them imported.
+    found = _missing(family) or _missing(family)
     if check_reads and not found:
         found += _changed_reads(family) + _changed_layer_id_rules()
     return found
@@ -507,3 +488,30 @@ def rules_release(version: str | None) -> str | None:
     """The release whose layer-id rules apply to ``version``: itself, or for an untested release
     the newest listed one (its guard checked that the rule is unchanged)."""
     return NEWEST_RELEASE if is_untested(version) else version
+
+
+def _missing(family: ReleaseFamily) -> list[str]:
+    """The family's scheduler entry, targets and parameters that the installed SGLang lacks."""
+    found: list[str] = []
+    module, function = family.scheduler_entry
+    try:
+        pkgutil.resolve_name(f"{module}:{function}")
+    except (ImportError, AttributeError) as exc:
+        found.append(f"the scheduler process entry {module}.{function} is missing ({type(exc).__name__}): "
+                     "SGLang starts schedulers elsewhere now")
+    for target in sorted({h.target for h in family.hooks}):
+        params = {p for h in family.hooks if h.target == target for p in h.params}
+        try:
+            fn = pkgutil.resolve_name(target)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{target} is missing ({type(exc).__name__})")
+            continue
+        try:
+            names = set(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            found.append(f"{target} has no inspectable signature")
+            continue
+        missing = sorted(p for p in params if p not in names)
+        if missing:
+            found.append(f"{target} no longer takes {', '.join(missing)}")
+    return found

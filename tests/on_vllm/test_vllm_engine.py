@@ -1,7 +1,7 @@
 """hs_tracer inside real vLLM engines on CPU (the vLLM testbed pair): greedy decoding stays lossless
 with tracing on, hs_tracer's acceptance equals vLLM's own spec-decode counters, the configured draft
-is ``ok``, a copy whose layer ids vLLM does not find is named slot by slot, and a fault in any hook
-leaves the served tokens unchanged."""
+is served as trained (nothing critical), a copy whose layer ids vLLM does not find is named slot by
+slot, and a fault in any hook leaves the served tokens unchanged."""
 
 from __future__ import annotations
 
@@ -29,11 +29,14 @@ def test_acceptance_equals_vllms_counters(vllm_engines) -> None:
     assert per_pos == spec["num_accepted_tokens_per_pos"]
 
 
-def test_configured_draft_is_ok(vllm_engines) -> None:
+def test_configured_draft_is_served_as_trained(vllm_engines) -> None:
+    """The engine's own ids match the profile's sources: nothing critical. On this small target the
+    live statistics may not tell neighbouring layers apart (the slots are then reported ambiguous, a
+    warning, never a mismatch)."""
     d = diagnosis(vllm_engines["configured"])
-    assert d["status"] == "ok", d
-    assert [(s["expected_source"], s["observed_source"]) for s in d["slots"]] == [
-        ("block:0", "block:0"), ("block:3", "block:3"), ("block:6", "block:6")]
+    assert d["status"] in ("ok", "warning"), d
+    assert [s["expected_source"] for s in d["slots"]] == ["block:0", "block:3", "block:6"]
+    assert not [f for f in d["findings"] if f["severity"] == "critical"], d["findings"]
 
 
 def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:
@@ -42,10 +45,11 @@ def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:
     assert d["status"] == "miswired", d
     wiring = run["reports"][0]["wiring"]
     assert wiring["layer_ids_key"] == "default" and wiring["layers_to_capture"] == [2, 4, 5]
-    assert [(s["expected_source"], s["observed_source"]) for s in d["slots"]] == [
-        ("block:0", "block:1"), ("block:3", "block:3"), ("block:6", "block:4")]
-    mismatched = {f["slot"] for f in d["findings"] if f["code"] == "slot_source_mismatch"}
-    assert mismatched == {0, 2}
+    named = {f["slot"]: (f["expected"], f["observed"]) for f in d["findings"]
+             if f["code"] == "slot_source_mismatch" and f["severity"] == "critical"}
+    assert named == {0: ("block:0", "block:1"), 2: ("block:6", "block:4")}
+    assert all('"eagle_aux_hidden_state_layer_ids": [1, 4, 7]' in f["fix"] for f in d["findings"]
+               if f["code"] == "slot_source_mismatch" and f["severity"] == "critical")
 
 
 @pytest.mark.parametrize("hook", HOOK_NAMES)

@@ -64,6 +64,26 @@ def testbed_profile(testbed) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_pair():
+    """The real-model pair: SmolLM2-135M-Instruct and its EAGLE-3 draft trained here, built once."""
+    from hs_tracer_testbed import smollm
+
+    return smollm.ensure_pair()
+
+
+@pytest.fixture(scope="session")
+def real_engines(real_pair, tmp_path_factory):
+    """Engines of the real-model pair (same harness as ``engines``, its own target, draft and
+    profile); each started once, on first use."""
+    from hs_tracer_testbed.demo import real_pair_profile
+    from tests.engine_runs import Engines
+
+    harness = Engines(real_pair, real_pair_profile(real_pair), tmp_path_factory.mktemp("real-engines"))
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(scope="session")
 def engines(testbed, testbed_profile, tmp_path_factory):
     """The suite's real engines (tests/engine_runs.py ENGINES), each started once, on first use."""
     from tests.engine_runs import Engines

@@ -70,6 +70,10 @@ def workload(name: str) -> Workload:
         from hs_tracer_testbed.target import encode
 
         return Workload(name, tuple(map(list, encode(prompts(seed=99, n=6), add_eos=False))), 12)
+    if name == "real":  # held-out real text, for the real-model pair (SmolLM2-135M-Instruct)
+        from hs_tracer_testbed.smollm import prompts as real_prompts
+
+        return Workload(name, tuple(real_prompts(8)), 24)
     if name == "prefix_reuse":  # long prompts sharing a long prefix (send it twice: radix-cache hits)
         shared = " ".join(documents(seed=2024, n=4))
         return Workload(name, tuple(f"{shared} {p}" for p in prompts(seed=2025, n=6)), 16)

@@ -19,6 +19,8 @@ from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import hooks, state
 
 MODEL = SimpleNamespace(layers_to_capture=[2, 4, 5], start_layer=0, end_layer=8)
+# The capture hook as the plugin registers it on DeepseekV2Model.forward (guarded under that name).
+CAPTURE_HOOK = next(fn for target, fn, _ty in hooks.HOOKS if target.endswith(".DeepseekV2Model.forward"))
 
 
 def body(model: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +35,7 @@ def tracer():
 
 
 def test_hook_does_not_recompile_or_break_the_graph(tracer) -> None:
-    wrapped = _wrap_fn(body, hooks.after_target_forward, HookType.AFTER)
+    wrapped = _wrap_fn(body, CAPTURE_HOOK, HookType.AFTER)
     compiles = []
 
     def backend(gm: torch.fx.GraphModule, _inputs: list) -> object:
@@ -52,7 +54,17 @@ def test_hook_does_not_recompile_or_break_the_graph(tracer) -> None:
 
 
 def test_eager_calls_still_record(tracer) -> None:
-    wrapped = _wrap_fn(body, hooks.after_target_forward, HookType.AFTER)
+    wrapped = _wrap_fn(body, CAPTURE_HOOK, HookType.AFTER)
     wrapped(MODEL, torch.ones(2, 4))
     assert tracer.captured_layers == [[2, 4, 5]]
     assert tracer.capture_widths == [12]
+
+
+def test_a_body_returning_a_list_of_states_records_their_total_width(tracer) -> None:
+    # Llama, Qwen and most other bodies return their aux states as a list, not packed.
+    llama_hook = next(fn for target, fn, _ty in hooks.HOOKS if target.endswith(".LlamaModel.forward"))
+    wrapped = _wrap_fn(lambda m, x: (x, [x, x[:, :2]]), llama_hook, HookType.AFTER)
+    wrapped(SimpleNamespace(layers_to_capture=[7, 3], start_layer=0, end_layer=8), torch.ones(2, 4))
+    wrapped(SimpleNamespace(layers_to_capture=[7, 3], start_layer=0, end_layer=8), torch.ones(2, 4))
+    assert tracer.captured_layers == [[3, 7]] * 2  # loop order, not list order
+    assert tracer.capture_widths == [6, 6]

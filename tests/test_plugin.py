@@ -166,10 +166,14 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
         plugin._in_scheduler_process = lambda: True
         plugin.register()
         family = versions.installed_family()
-        assert sorted(HookRegistry._hooks) == sorted({h.target for h in family.hooks})
+        # every hook of the family but a model body whose class is not importable here (a kernel the
+        # stand-in lacks, a release without that model): none of its models could be served here
+        served = [h for h in family.hooks if not h.optional or versions.importable(h.target)]
+        assert all(h.optional for h in family.hooks if h not in served)
+        assert sorted(HookRegistry._hooks) == sorted({h.target for h in served})
         names = sorted(fn.__hs_tracer_where__ for hooks in HookRegistry._hooks.values()
                        for _type, fn, _src in hooks)
-        assert names == sorted(h.name for h in family.hooks), names
+        assert names == sorted(h.name for h in served), names
         return len(names)
 
     @check

@@ -31,6 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="serving engine (default sglang). vllm: real vLLM on CPU (its own venv, `make demo "
                    "ENGINE=vllm`) with the vLLM testbed pair, the configured draft and a copy without its "
                    "layer ids")
+    p.add_argument("--real", action="store_true",
+                   help="use the real-model pair instead of the tiny testbed: SmolLM2-135M-Instruct "
+                        "(Llama, 30 layers) and its EAGLE-3 draft trained here, on held-out real text "
+                        "(built on first use: several minutes; later runs reuse it)")
     p.add_argument("--target", type=Path, help="target model dir (default: the testbed's)")
     p.add_argument("--draft", type=Path, help="EAGLE-3 draft dir (default: the testbed's)")
     p.add_argument("--profile", type=Path, help="reference profile (default: built from the testbed data)")
@@ -75,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
     if args.engine == "vllm":
         return _run_vllm(args)
+    if args.real and (args.target is not None or args.draft is not None):
+        raise UsageError("--real picks its own target and draft; pass either --real or --target/--draft")
     scenarios = args.scenarios if args.scenarios is not None else (
         DEFAULT_SCENARIOS if args.target is None else [])
     log = None
@@ -85,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         # Said first: when an engine fails, SGLang may end this process before anything else prints.
         print(f"SGLang's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
     runs = demo.run(args.target, args.draft, profile=args.profile, scenarios=scenarios,
-                    num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log)
+                    num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log, real=args.real)
     if args.json:
         out = [r.to_json() for r in runs]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))

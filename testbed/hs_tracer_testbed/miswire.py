@@ -136,3 +136,60 @@ def write_variant(draft: Path, out: Path, scenario: str) -> Path:
     SCENARIOS[scenario](cfg)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
+
+
+def layer_shifts(trained: Sequence[int], num_layers: int) -> dict[str, dict[str, Any]]:
+    """Train/serve layer shifts of a Llama-family pair (SGLang's rule: +1 to every draft-config id,
+    so a config's C_out ids are exactly the blocks fed), each as the ``config.json`` ids that make a
+    real engine feed it: ``ids`` for the draft config, ``slot_order`` (None: trained order) when the
+    draft's ``fc`` must be permuted to express it, and ``fed`` the blocks the draft is then fed.
+
+    SGLang always feeds the captured layers in ascending order, so a swap cannot come from the ids
+    alone: it is the draft trained on an unsorted list (SpecForge's HF backend concatenates in list
+    order) served by SGLang (loop order), made here by permuting the trained ``fc`` column blocks."""
+    t = list(trained)
+    last = num_layers - 1
+    out: dict[str, dict[str, Any]] = {
+        "correct": {"ids": t},
+        "all_slots_one_layer_late": {"ids": [i + 1 for i in t]},
+        "all_slots_one_layer_early": {"ids": [i - 1 for i in t]},
+        "deep_slots_one_layer_late": {"ids": [t[0], *(i + 1 for i in t[1:])]},
+        "deep_slots_one_layer_early": {"ids": [t[0], *(i - 1 for i in t[1:])]},
+        "last_slot_two_layers_late": {"ids": [*t[:-1], t[-1] + 2]},
+        "embedding_in_slot_0": {"ids": [-1, *t[:-1]]},
+        "slots_1_and_2_swapped": {"ids": [t[0], t[2], t[1]], "slot_order": [0, 2, 1]},
+    }
+    for v in out.values():
+        if not all(-1 <= i <= last for i in v["ids"]):
+            raise ValueError(f"layer ids {v['ids']} outside the target's {num_layers} layers")
+        v.setdefault("slot_order", None)
+        v["fed"] = sorted(v["ids"])  # SGLang feeds ascending loop order
+    return out
+
+
+def write_ids_variant(
+    draft: Path, out: Path, ids: Sequence[int], slot_order: Sequence[int] | None = None
+) -> Path:
+    """Copy ``draft`` to ``out`` with ``eagle_aux_hidden_state_layer_ids = ids``; with ``slot_order``
+    the ``fc`` weight's column blocks are permuted too (slot ``k`` of the copy is slot
+    ``slot_order[k]`` of the original), other files symlinked."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for item in draft.iterdir():
+        if item.name != "config.json" and not (slot_order is not None and item.suffix == ".safetensors"):
+            (out / item.name).symlink_to(item.resolve())
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(ids)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if slot_order is not None:
+        for f in sorted(draft.glob("*.safetensors")):
+            weights = load_file(str(f))
+            if "fc.weight" in weights:
+                blocks = weights["fc.weight"].chunk(len(slot_order), dim=1)
+                weights["fc.weight"] = torch.cat([blocks[k] for k in slot_order], dim=1).contiguous()
+            save_file(weights, str(out / f.name), metadata={"format": "pt"})
+    return out

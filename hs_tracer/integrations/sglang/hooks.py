@@ -133,14 +133,22 @@ def finish_startup(st: TracerState, worker: Any) -> None:
 
 
 # ---- capture metadata (graph capture and eager prefill; not per step under CUDA graphs) ------------
-@hook
 def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, **_kwargs: Any) -> None:
-    """Which layers the target actually captured, in the order it appended them, and the width."""
+    """Which layers the target's model body captured, in the order its loop appended them, and their
+    total width. The aux states come last in the tuple it returns, packed into one tensor
+    (DeepSeek-V2/V3) or as a list of tensors (Llama, Qwen, ...); a body that captured nothing
+    returns its hidden states alone. Registered on every model body of the release, each under its
+    own guard name (:func:`_installed_hooks`)."""
     if st.capture_seen >= st.CAPTURE_SAMPLES or not isinstance(result, tuple):
         return
+    aux = result[-1]
+    width = int(aux.shape[-1]) if hasattr(aux, "shape") else sum(int(t.shape[-1]) for t in aux)
     wanted = set(getattr(model, "layers_to_capture", ()) or ())
-    order = [i for i in range(model.start_layer, model.end_layer) if i in wanted]  # loop order
-    st.note_capture(order, int(result[1].shape[-1]))
+    start = getattr(model, "start_layer", 0)
+    end = getattr(model, "end_layer", None)
+    if end is None:
+        end = len(getattr(model, "layers", ())) or max(wanted, default=-1) + 1
+    st.note_capture([i for i in range(start, end) if i in wanted], width)  # loop order
 
 
 @hook
@@ -215,9 +223,18 @@ def int_list(values: Any) -> list[int] | None:
 
 
 def _installed_hooks() -> list[tuple[str, Any, HookType]]:
-    """(target, guarded hook, type) of the installed release's family (the newest without one)."""
+    """(target, guarded hook, type) of the installed release's family (the newest without one); a
+    model body whose module cannot be imported here is left out (none of its models can be served)."""
     family = versions.installed_family() or versions.FAMILIES[0]
-    return [(h.target, pkgutil.resolve_name(h.handler), HookType(h.type)) for h in family.hooks]
+    return [(h.target, _guarded(h), HookType(h.type)) for h in family.hooks
+            if not h.optional or versions.importable(h.target)]
+
+
+def _guarded(h: versions.Hook) -> Any:
+    """The hook's handler, guarded under the hook's name: a handler several targets share (the
+    model bodies') gets one guard per target, so each can be named, faulted and reported alone."""
+    fn = pkgutil.resolve_name(h.handler)
+    return fn if hasattr(fn, "__hs_tracer_where__") else state.guarded(h.name)(fn)
 
 
 # The full set the plugin registers (testbed runtimes may wrap entries in place).

@@ -46,6 +46,10 @@ class Hook:
     params: tuple[str, ...] = ()
     reads: tuple[str, ...] = ()
     worker: str = ""  # "V1" or "V2" for the speculative worker's own hooks; "" for the shared ones
+    # A model body's hook: where its class is not importable (a kernel this machine lacks, a release
+    # without that model) none of its models can be served, so the hook is left out instead of
+    # switching tracing off.
+    optional: bool = False
 
     @property
     def name(self) -> str:
@@ -121,6 +125,30 @@ _RESOLVE_V2_TOKENS = Hook(f"{_RESULT_PROCESSOR}._resolve_spec_v2_tokens", "after
 _OUTPUT_MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin.SchedulerOutputProcessorMixin"
 _SCHEDULER_ENTRY = ("sglang.srt.managers.scheduler", "run_scheduler_process")
 
+# Every model body of 0.5.23 whose forward returns the aux hidden states it captured (the loop over
+# its layers reads ``layers_to_capture``): the target of every EAGLE-3 pairing (Llama, Qwen2/3,
+# DeepSeek, GLM, Gemma, MiniMax, gpt-oss, ...) and of DFlash/DSpark ones. Defined by the class itself,
+# not inherited (tests/test_plugin.py re-derives the list from the installed release's source).
+_CAPTURE_BODIES_0_5_23 = (
+    "apertus.ApertusModel", "arcee.ArceeModel", "bailing_moe.BailingMoEModel",
+    "bailing_moe_v3.BailingMoELinearModel", "beam.BeamModel", "deepseek_v2.DeepseekV2Model",
+    "exaone_moe.ExaoneMoEModel", "gemma3_causal.Gemma3TextModel", "gemma4_causal.Gemma4TextModel",
+    "glm4.Glm4Model", "glm4_moe.Glm4MoeModel", "glm4_moe_lite.Glm4MoeLiteModel", "glm5_next.Glm5NextModel",
+    "gpt_oss.GptOssModel", "granitemoehybrid.GraniteMoeHybridModel", "inkling.InklingCausalLLM",
+    "interns2_mobius.InternS2MobiusForCausalLM", "kimi_k3.KimiK3LinearModel", "kimi_linear.KimiLinearModel",
+    "laguna.LagunaModel", "lfm2.Lfm2Model", "lfm2_moe.Lfm2MoeModel", "llama.LlamaModel", "llama4.Llama4Model",
+    "longcat_flash.LongcatFlashModel", "mimo_v2.MiMoV2Model", "minimax_m2.MiniMaxM2Model",
+    "minimax_m3.MiniMaxM3Model", "muse_glimmer.MuseGlimmerModel", "muse_spark.MuseSpark1xModel",
+    "nanbeige.NanbeigeModel", "nemotron_h.NemotronHModel", "qwen2.Qwen2Model", "qwen2_moe.Qwen2MoeModel",
+    "qwen3.Qwen3Model", "qwen3_5.Qwen3_5ForCausalLM", "qwen3_next.Qwen3NextModel", "qwen3_vl.Qwen3LLMModel",
+    "qwen3_vl_moe.Qwen3MoeLLMModel", "qwen4_exp.Qwen4ExpModel",
+)
+_CAPTURE_HOOKS_0_5_23 = tuple(
+    Hook(f"sglang.srt.models.{body}.forward", "after", f"{_HOOKS}:after_target_forward",
+         reads=("layers_to_capture", "start_layer", "end_layer"), optional=True)
+    for body in _CAPTURE_BODIES_0_5_23
+)
+
 _LOGITS_HOOK = Hook(_LOGITS, "after", f"{_HOOKS}:after_logits_forward", ("logits_metadata",),
                     ("result.hidden_states", "logits_metadata.forward_mode", "logits_metadata.out_cache_loc"))
 
@@ -159,7 +187,7 @@ FAMILIES: tuple[ReleaseFamily, ...] = (
             _ATTENTION_BACKENDS_HOOK,
             *_V2_WORKER_HOOKS,
             _V2_PREFILL_HOOK,
-            _TARGET_FORWARD_TENSOR,
+            *_CAPTURE_HOOKS_0_5_23,
             _LOGITS_HOOK,
             _RESOLVE_V2_TOKENS,
         ),
@@ -324,6 +352,17 @@ def hook_name(handler: str) -> str:
             if hook.handler == handler:
                 return hook.name
     raise KeyError(f"{handler} is no hook's handler in the version table")
+
+
+def importable(target: str) -> bool:
+    """Whether a model body's hook target (``module.Class.method``) exists in this process: a module
+    that needs a kernel this machine lacks does not import (and then none of its models can be served
+    here either), and a release may not have every body of the table."""
+    module, cls, method = target.rsplit(".", 2)
+    try:
+        return hasattr(getattr(importlib.import_module(module), cls), method)
+    except Exception:  # whatever a model module raises at import, it cannot be served here
+        return False
 
 
 def installed_version() -> str | None:
@@ -499,8 +538,11 @@ def _missing(family: ReleaseFamily) -> list[str]:
     except (ImportError, AttributeError) as exc:
         found.append(f"the scheduler process entry {module}.{function} is missing ({type(exc).__name__}): "
                      "SGLang starts schedulers elsewhere now")
+    optional = {h.target for h in family.hooks if h.optional}
     for target in sorted({h.target for h in family.hooks}):
         params = {p for h in family.hooks if h.target == target for p in h.params}
+        if target in optional and not importable(target):
+            continue
         try:
             fn = pkgutil.resolve_name(target)
         except (ImportError, AttributeError) as exc:

@@ -1,0 +1,67 @@
+"""The real-model pair's parts that need no model: its layer plan, the shift catalogue and the draft
+copies that make a real engine shift, and its text domains (deterministic)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from hs_tracer import sources
+from hs_tracer_testbed import miswire, realtext, smollm
+
+
+def test_the_draft_config_ids_are_what_sglangs_llama_rule_feeds_as_trained() -> None:
+    plan = smollm.layer_plan(30)
+    assert plan["draft_config_ids"] == [1, 14, 26]  # SpecForge's default for 30 layers
+    assert plan["sglang_layers_to_capture"] == [2, 15, 27]
+    assert plan["sglang_fed_sources"] == plan["aux_sources"] == ["block:1", "block:14", "block:26"]
+
+
+def test_every_shift_feeds_what_sglang_captures_for_its_ids() -> None:
+    shifts = miswire.layer_shifts([1, 14, 26], 30)
+    assert shifts["correct"]["fed"] == [1, 14, 26]
+    assert shifts["all_slots_one_layer_late"]["fed"] == [2, 15, 27]
+    assert shifts["deep_slots_one_layer_early"]["fed"] == [1, 13, 25]
+    assert shifts["last_slot_two_layers_late"]["fed"] == [1, 14, 28]
+    assert shifts["embedding_in_slot_0"]["ids"] == [-1, 1, 14]
+    for v in shifts.values():
+        fed = sources.sglang_sources(v["ids"], sources.Family.LLAMA, 30).sources
+        assert fed == [str(sources.Source.block_output(b)) for b in v["fed"]]
+
+
+def _draft(tmp: Path) -> Path:
+    d = tmp / "draft"
+    d.mkdir()
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"],
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    fc = torch.cat([torch.full((2, 3), float(k)) for k in range(3)], dim=1)
+    save_file({"fc.weight": fc, "norm.weight": torch.ones(2)}, str(d / "model.safetensors"))
+    return d
+
+
+def test_a_swap_is_the_fc_blocks_permuted_with_the_ids(tmp_path: Path) -> None:
+    draft = _draft(tmp_path)
+    v = miswire.layer_shifts([1, 14, 26], 30)["slots_1_and_2_swapped"]
+    out = miswire.write_ids_variant(draft, tmp_path / "swapped", v["ids"], v["slot_order"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 26, 14]
+    fc = load_file(str(out / "model.safetensors"))["fc.weight"]
+    assert [float(b[0, 0]) for b in fc.chunk(3, dim=1)] == [0.0, 2.0, 1.0]
+    assert json.loads((draft / "config.json").read_text())["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]  # the original is untouched
+    plain = miswire.write_ids_variant(draft, tmp_path / "late", [2, 15, 27])
+    assert (plain / "model.safetensors").is_symlink()  # weights shared when only the ids change
+
+
+def test_text_domains_are_deterministic_and_the_heldout_topics_apart() -> None:
+    for domain in realtext.DOMAINS:
+        docs = realtext.documents(domain)
+        assert docs and docs == realtext.documents(domain), domain
+    heldout, train = set(realtext.documents("docs_heldout")), set(realtext.documents("docs"))
+    assert len(heldout & train) < len(heldout) // 10  # other topics (a few chunks, e.g. tables, recur)
+    prompts = smollm.prompts(8)
+    assert len(prompts) == 8 and all(0 < len(p) <= 240 for p in prompts)

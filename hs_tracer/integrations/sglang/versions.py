@@ -412,6 +412,8 @@ def _changed_reads(family: ReleaseFamily) -> list[str]:
     package: set[str] | None = None
     found = []
     for hook in family.hooks:
+        if hook.optional and not importable(hook.target):
+            continue
         fn = pkgutil.resolve_name(hook.target)
         module = sys.modules.get(fn.__module__)
         try:

@@ -24,6 +24,8 @@ LIVE_MATCH = ("The live features match the training profile slot by slot, so thi
               "ids another way.")
 LAYERS_RIGHT = ("The engine captures the layers the draft was trained on (its layers_to_capture matches the "
                 "profile), so this is not a layer wiring fault: the rows are off (see acceptance)")
+RECORD_DECIDES = ("The engine's own layers_to_capture matches the profile, so the slot carries its trained "
+                  "source")
 _WIRING_CODES = (Code.LAYER_IDS_IGNORED, Code.LAYER_ID_CONVENTION, Code.DRAFT_INPUT_WIDTH_MISMATCH,
                  Code.SLOT_SOURCE_MISMATCH)
 
@@ -67,6 +69,10 @@ def live_report(
         findings = [replace(f, severity=Severity.WARNING, message=f"{f.message}. {LAYERS_RIGHT}")
                     if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.CRITICAL else f
                     for f in findings]
+        # A window that cannot tell the trained source from a neighbour is decided by that record.
+        findings = [replace(f, severity=Severity.INFO, fix="", message=f"{f.message}. {RECORD_DECIDES}")
+                    if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.WARNING
+                    and f.expected in f.details.get("candidates", ()) else f for f in findings]
         judged = replace(judged, findings=[f for f in judged.findings
                                            if f.code is not Code.SLOT_SOURCE_MISMATCH])
     match = features_match(judged, static)

@@ -2,7 +2,9 @@
 
 Each command module defines ``add_parser(subparsers)`` and sets ``func`` on its parser; the module
 must import only the standard library at top level so ``hs-tracer --help`` stays instant. Exit
-status (docs/interfaces.md): 0 healthy, 1 critical findings, 2 usage or input errors.
+status (docs/interfaces.md): 0 healthy, 1 critical findings, 2 usage or input errors. Only
+:class:`~hs_tracer.errors.InputError` (and a path the system refuses) counts as bad input; any other
+exception is a defect of hs_tracer, reported as an internal error with exit status 1.
 """
 
 from __future__ import annotations
@@ -16,14 +18,13 @@ import sys
 import traceback
 from typing import NoReturn
 
-from hs_tracer.inputs.errors import InputError
+from hs_tracer.errors import InputError
 
 # Order here is the order in --help.
 COMMANDS = ("demo", "profile", "diagnose", "check", "replay", "testbed", "dashboards")
 
-
-# A problem with the user's input: printed as one line with the fix, exit status 2.
-UsageError = InputError
+# Where a user reports an internal error.
+BUG_REPORT = "a bug in hs_tracer, not in your input: please report it with the traceback --debug prints"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except UsageError as exc:
+    except InputError as exc:
         return _fail(args, str(exc), exc)
     except OSError as exc:
         if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
@@ -66,14 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, f"{where}{exc.strerror or exc}; check the path and its permissions", exc)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a defect of hs_tracer, not of the input: say so, and how to report it
+        return _fail(args, f"internal error ({type(exc).__name__}: {exc}); {BUG_REPORT}", exc, status=1)
 
 
-def _fail(args: argparse.Namespace, message: str, exc: BaseException) -> int:
+def _fail(args: argparse.Namespace, message: str, exc: BaseException, status: int = 2) -> int:
     if args.debug:
         traceback.print_exception(exc)
     with contextlib.suppress(OSError):
         print(f"hs-tracer {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
+    return status
 
 
 def _closed_pipe() -> int:

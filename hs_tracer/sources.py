@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from functools import total_ordering
 from typing import Any
 
+from hs_tracer.errors import InputError
+
 EMBEDDING = "embedding"
 FINAL_NORM = "final_norm"
 UNKNOWN = "unknown"  # an observed source that nothing in the profile matches
@@ -48,12 +50,12 @@ class Source:
     def __post_init__(self) -> None:
         if self.kind == "block":
             if self.block is None or self.block < 0:
-                raise ValueError(f"block index must be >= 0, got {self.block!r}")
+                raise InputError(f"block index must be >= 0, got {self.block!r}")
         elif self.kind in (EMBEDDING, FINAL_NORM):
             if self.block is not None:
-                raise ValueError(f"{self.kind} takes no block index")
+                raise InputError(f"{self.kind} takes no block index")
         else:
-            raise ValueError(f"unknown source kind {self.kind!r}; use embedding, block or final_norm")
+            raise InputError(f"unknown source kind {self.kind!r}; use embedding, block or final_norm")
 
     @classmethod
     def parse(cls, text: str) -> Source:
@@ -63,7 +65,7 @@ class Source:
             return cls(text)
         m = _BLOCK_RE.match(text)
         if m is None:
-            raise ValueError(
+            raise InputError(
                 f"not a canonical source: {text!r} (expected embedding, block:<j> or final_norm)"
             )
         return cls("block", int(m.group(1)))
@@ -82,7 +84,7 @@ class Source:
         if j == -1:
             return cls(EMBEDDING)
         if j < -1:
-            raise ValueError(f"block output index must be >= -1, got {j}")
+            raise InputError(f"block output index must be >= -1, got {j}")
         return cls("block", j)
 
     @property
@@ -138,7 +140,7 @@ class Convention(str, enum.Enum):
             return cls(text.strip().lower().replace("-", "_"))
         except ValueError:
             names = ", ".join(c.value for c in cls)
-            raise ValueError(f"unknown layer-id convention {text!r}; use one of: {names}") from None
+            raise InputError(f"unknown layer-id convention {text!r}; use one of: {names}") from None
 
 
 C_IN_CONVENTIONS = frozenset(
@@ -163,7 +165,7 @@ class Family(str, enum.Enum):
             return cls(text.strip().lower().replace("-", "_"))
         except ValueError:
             names = ", ".join(f.value for f in cls)
-            raise ValueError(f"unknown model family {text!r}; use one of: {names}") from None
+            raise InputError(f"unknown model family {text!r}; use one of: {names}") from None
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ _RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post\d+)?$")
 def _release_key(version: str) -> tuple[int, int, int]:
     m = _RELEASE_RE.match(version.strip())
     if m is None:
-        raise ValueError(f"not an SGLang release number: {version!r} (expected e.g. 0.5.12 or 0.5.23.post1)")
+        raise InputError(f"not an SGLang release number: {version!r} (expected e.g. 0.5.12 or 0.5.23.post1)")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
@@ -218,7 +220,7 @@ def layer_id_rules(sglang_version: str | None = None) -> LayerIdRules:
         if rules.covers(sglang_version):
             return rules
     known = ", ".join(r.releases for r in SGLANG_LAYER_ID_RULES)
-    raise ValueError(f"hs_tracer has not read SGLang {sglang_version}'s layer-id rules (known: {known})")
+    raise InputError(f"hs_tracer has not read SGLang {sglang_version}'s layer-id rules (known: {known})")
 
 
 # Architectures (HF config ``architectures[0]``) whose SGLang 0.5.23 class uses a non-Llama rule.
@@ -262,7 +264,7 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _check_num_layers(num_layers: int) -> None:
     if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        raise InputError(f"num_layers must be >= 1, got {num_layers}")
 
 
 def default_ids(convention: Convention | str, num_layers: int) -> list[int]:
@@ -352,7 +354,7 @@ def sglang_sources(draft_ids: Sequence[int] | None, family: Family | str, num_la
 
 def _c_in_source(k: int, num_layers: int) -> Source:
     if not 0 <= k <= num_layers:
-        raise ValueError(
+        raise InputError(
             f"layer id {k} is outside 0..{num_layers} for a {num_layers}-layer target in the C_in convention "
             "(input of layer k; 0 = embedding, N = output of the last block)"
         )
@@ -371,7 +373,7 @@ def id_to_source(layer_id: int, convention: Convention | str, num_layers: int) -
         return _c_in_source(k, num_layers)
     if convention is Convention.SPECFORGE:
         if not -1 <= k < num_layers:
-            raise ValueError(
+            raise InputError(
                 f"layer id {k} is outside -1..{num_layers - 1} for a {num_layers}-layer target in the "
                 "SpecForge convention (output of block j; -1 = embedding)"
             )
@@ -380,7 +382,7 @@ def id_to_source(layer_id: int, convention: Convention | str, num_layers: int) -
         if k == num_layers:
             return Source.final_norm()
         return _c_in_source(k, num_layers)
-    raise ValueError(
+    raise InputError(
         "the sglang_draft_config convention depends on the model family: use to_sources(..., family=)"
     )
 
@@ -404,7 +406,7 @@ def to_sources(
     convention = Convention.parse(convention)
     if convention is Convention.SGLANG_DRAFT_CONFIG:
         if family is None:
-            raise ValueError(
+            raise InputError(
                 "sglang_draft_config ids depend on the target family: pass family= (see family_of)"
             )
         return sglang_sources(ids, family, num_layers, sglang_version=sglang_version).sources
@@ -424,22 +426,22 @@ def from_sources(sources: Iterable[str | Source], convention: Convention | str, 
         src = s if isinstance(s, Source) else Source.parse(s)
         if src.kind == FINAL_NORM:
             if convention is not Convention.HF_HIDDEN_STATES:
-                raise ValueError(f"final_norm has no id in the {convention.value} convention")
+                raise InputError(f"final_norm has no id in the {convention.value} convention")
             out.append(num_layers)
             continue
         j = int(src.depth)  # output of block j, -1 = embedding
         if j >= num_layers:
-            raise ValueError(f"{src} does not exist in a {num_layers}-layer target")
+            raise InputError(f"{src} does not exist in a {num_layers}-layer target")
         if convention is Convention.SPECFORGE:
             out.append(j)
         elif convention in C_IN_CONVENTIONS or convention is Convention.HF_HIDDEN_STATES:
             if convention is Convention.HF_HIDDEN_STATES and j == num_layers - 1:
-                raise ValueError(
+                raise InputError(
                     f"{src} (pre-norm) is not in HF hidden_states (index N is after the final norm)"
                 )
             out.append(j + 1)
         else:
-            raise ValueError(
+            raise InputError(
                 "sglang_draft_config ids depend on the family; convert to sglang_capture instead"
             )
     return out
@@ -492,7 +494,7 @@ def vllm_layer_id_rules(vllm_version: str | None = None) -> VLLMLayerIdRules:
         if _RELEASE_RE.match(release) and rules.covers(release):
             return rules
     known = ", ".join(r.releases for r in VLLM_LAYER_ID_RULES)
-    raise ValueError(f"vLLM {vllm_version} is not supported: hs_tracer knows the layer-id rules of vLLM "
+    raise InputError(f"vLLM {vllm_version} is not supported: hs_tracer knows the layer-id rules of vLLM "
                      f"{known}")
 
 

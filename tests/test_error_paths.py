@@ -95,7 +95,7 @@ def test_demo_reports_a_bad_value_before_any_engine(
 
 def test_launcher_refuses_bad_settings_before_the_engine(
         monkeypatch: pytest.MonkeyPatch, testbed: tb.TestbedPaths) -> None:
-    from hs_tracer.inputs import InputError
+    from hs_tracer.errors import InputError
     from hs_tracer_testbed.runtime.launcher import start_engine
 
     _no_engine(monkeypatch)

@@ -261,6 +261,23 @@ def test_debug_shows_the_traceback(capsys, tmp_path: Path) -> None:
     assert "Traceback" in capsys.readouterr().err
 
 
+def test_a_defect_is_an_internal_error_not_a_usage_error(inputs: Inputs, capsys, monkeypatch) -> None:
+    """A ValueError from hs_tracer's own code is a bug: exit 1 and a line asking for a report, not
+    "usage error" (exit 2) as if the input were wrong; --debug adds the traceback."""
+    from hs_tracer.profile import model
+
+    def defect(*_a, **_k):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(model.Profile, "summary", defect)
+    assert main(["profile", "show", str(inputs.profile)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error" in err and "an internal invariant broke" in err
+    assert "report" in err and "--debug" in err and "Traceback" not in err
+    assert main(["--debug", "profile", "show", str(inputs.profile)]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
 # ---- inputs that do not belong together ------------------------------------------------------------
 def test_profile_of_another_hidden_size_is_an_input_error(inputs: Inputs, tmp_path: Path, capsys) -> None:
     cap = write_capture(tmp_path / "cap32", hidden=32, shards=1, rows=300)

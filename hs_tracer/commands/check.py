@@ -40,16 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
     from hs_tracer.inputs.model_config import check_draft, check_target
     from hs_tracer.inputs.profile import load_profile
     from hs_tracer.inputs.server_args import check_server_args
     from hs_tracer.preflight import runner
-    from hs_tracer.preflight.checkpoint import CheckpointError
-    from hs_tracer.preflight.config import ConfigError
-    from hs_tracer.preflight.safetensors_header import SafetensorsError
-    from hs_tracer.preflight.spec_args import ServerArgsError
-    from hs_tracer.profile.model import ProfileError
 
     if args.engine.replace(" ", "").partition("==")[0] == "vllm":
         return _run_vllm(args)
@@ -59,14 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         load_profile(args.profile)
     requested = check_server_args(args.server_args) if args.server_args is not None else None
-    try:
-        spec = None
-        if args.sglang_resolve:
-            spec = _sglang_resolution(requested, args.target, args.draft)
-        result = runner.run_check(args.draft, args.target, profile=args.profile, server_args=requested,
-                                  spec=spec, sglang_version=version)
-    except (ConfigError, CheckpointError, SafetensorsError, ServerArgsError, ProfileError) as exc:
-        raise UsageError(str(exc)) from exc
+    spec = _sglang_resolution(requested, args.target, args.draft) if args.sglang_resolve else None
+    result = runner.run_check(args.draft, args.target, profile=args.profile, server_args=requested,
+                              spec=spec, sglang_version=version)
     from hs_tracer.integrations.sglang.versions import support
 
     result.summary["engine"]["support"] = support(version)  # whether the tracer runs on that release
@@ -82,35 +71,27 @@ def run(args: argparse.Namespace) -> int:
 def _run_vllm(args: argparse.Namespace) -> int:
     """The vLLM check: what vLLM will feed the draft (hs_tracer/preflight/vllm_check.py)."""
     from hs_tracer import sources
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer.inputs.model_config import check_draft, check_target
     from hs_tracer.inputs.profile import load_profile
     from hs_tracer.integrations.vllm.versions import installed_version, release_of
     from hs_tracer.preflight import vllm_check
-    from hs_tracer.preflight.checkpoint import CheckpointError
-    from hs_tracer.preflight.config import ConfigError
-    from hs_tracer.preflight.safetensors_header import SafetensorsError
-    from hs_tracer.profile.model import ProfileError
 
     if args.sglang_version or args.server_args is not None or args.sglang_resolve:
-        raise UsageError("--sglang-version, --server-args and --sglang-resolve are SGLang's; drop them "
+        raise InputError("--sglang-version, --server-args and --sglang-resolve are SGLang's; drop them "
                          "with --engine vllm")
     pinned = args.engine.replace(" ", "").partition("==")[2]
     installed = installed_version()
     version = pinned or (release_of(installed) if installed else None) or sources.NEWEST_VLLM
     try:
         sources.vllm_layer_id_rules(version)
-    except ValueError as exc:
-        raise UsageError(f"--engine {args.engine}: {exc}") from exc
+    except InputError as exc:
+        raise InputError(f"--engine {args.engine}", str(exc)) from exc
     check_draft(args.draft)
     check_target(args.target)
     if args.profile is not None:
         load_profile(args.profile)
-    try:
-        result = vllm_check.run_vllm_check(args.draft, args.target, profile=args.profile,
-                                           vllm_version=version)
-    except (ConfigError, CheckpointError, SafetensorsError, ProfileError) as exc:
-        raise UsageError(str(exc)) from exc
+    result = vllm_check.run_vllm_check(args.draft, args.target, profile=args.profile, vllm_version=version)
     if args.json:
         out = result.report.to_json()
         out["preflight"] = result.summary
@@ -155,33 +136,33 @@ def _sglang_version(args: argparse.Namespace) -> str:
     """The release to check against: --sglang-version, --engine sglang==V, the installed SGLang, or
     the newest release whose layer-id rules hs_tracer knows."""
     from hs_tracer import sources
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer.integrations.sglang.versions import installed_version
 
     name, _, pinned = args.engine.replace(" ", "").partition("==")
     if name != "sglang":
-        raise UsageError(f"--engine {args.engine} is not supported; this release checks against sglang")
+        raise InputError(f"--engine {args.engine} is not supported; this release checks against sglang")
     if args.sglang_version and pinned and args.sglang_version != pinned:
-        raise UsageError(f"--engine {args.engine} and --sglang-version {args.sglang_version} disagree")
+        raise InputError(f"--engine {args.engine} and --sglang-version {args.sglang_version} disagree")
     version = args.sglang_version or pinned or installed_version() or sources.NEWEST_SGLANG
     try:
         sources.layer_id_rules(version)
-    except ValueError as exc:
-        raise UsageError(f"--sglang-version {version}: {exc}") from exc
+    except InputError as exc:
+        raise InputError(f"--sglang-version {version}", str(exc)) from exc
     return version
 
 
 def _sglang_resolution(requested, target: Path, draft: Path):
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer.preflight.spec_args import resolve_with_sglang
 
     target_dir = target if target.is_dir() else target.parent
     if not (target_dir / "config.json").is_file():
-        raise UsageError("--sglang-resolve needs the target directory (with config.json), not a lone file")
+        raise InputError("--sglang-resolve needs the target directory (with config.json), not a lone file")
     req = dict(requested or {})
     req.setdefault("speculative_algorithm", "EAGLE3")
     try:
         return resolve_with_sglang(req, target_dir, draft)
     except ImportError as exc:
-        raise UsageError(f"--sglang-resolve needs SGLang installed ({exc}); drop the flag to use the "
+        raise InputError(f"--sglang-resolve needs SGLang installed ({exc}); drop the flag to use the "
                          "built-in mirror") from exc

@@ -53,10 +53,10 @@ def _require(module: str, package: str) -> None:
     """A missing optional dependency is an input problem with a one-line fix, not a traceback."""
     import importlib.util
 
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
 
     if importlib.util.find_spec(module) is None:
-        raise UsageError(f"{package} is not installed; install hs_tracer's dashboards extra "
+        raise InputError(f"{package} is not installed; install hs_tracer's dashboards extra "
                          f"(pip install 'hs_tracer[dashboards]', or from a checkout "
                          f"pip install '.[dashboards]')")
 
@@ -71,19 +71,19 @@ def run_build(args: argparse.Namespace) -> int:
     if args.root is None:
         args.root = Path(".")
         if not (args.root / dashboards.DASHBOARD_DIR).is_dir():
-            from hs_tracer.cli import UsageError
+            from hs_tracer.errors import InputError
 
-            raise UsageError(f"the current folder is not an hs_tracer checkout (no "
+            raise InputError(f"the current folder is not an hs_tracer checkout (no "
                              f"{dashboards.DASHBOARD_DIR}/ here); pass --root DIR to write grafana/ and "
                              "deploy/ under DIR")
     if args.runbook_base is not None:
-        from hs_tracer.cli import UsageError
         from hs_tracer.dashboards.alerts import runbook_url
+        from hs_tracer.errors import InputError
 
         try:
             runbook_url("", args.runbook_base)
         except ValueError as exc:
-            raise UsageError(f"--runbook-base: {exc}; e.g. https://wiki.example.com/hs_tracer/runbook.md"
+            raise InputError(f"--runbook-base: {exc}; e.g. https://wiki.example.com/hs_tracer/runbook.md"
                              ) from None
     problems = lint.lint(json.loads(overview.render()), lint.OVERVIEW_EXCLUSIONS)
     for problem in problems:
@@ -99,7 +99,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
 
     _require("grafana_foundation_sdk", "grafana-foundation-sdk")
     _require("grafana_client", "grafana-client")
@@ -108,11 +108,11 @@ def run_push(args: argparse.Namespace) -> int:
 
     token = os.environ.get(args.token_env, "").strip()
     if not token:
-        raise UsageError(f"no Grafana token: ${args.token_env} is unset or empty; create a service-account "
+        raise InputError(f"no Grafana token: ${args.token_env} is unset or empty; create a service-account "
                          f"token (Grafana > Administration > Service accounts, role Editor) and run "
                          f"`export {args.token_env}=<token>`")
     if not args.url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {args.url}: give Grafana's base URL with its scheme, e.g. "
+        raise InputError(f"--url {args.url}: give Grafana's base URL with its scheme, e.g. "
                          "http://localhost:3000")
     try:
         pushed = push(args.url, token, {overview.FILENAME: overview.render()}, folder=args.folder)

@@ -52,11 +52,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
     from hs_tracer.commands import TESTBED_MISSING, testbed_installed
+    from hs_tracer.errors import InputError
 
     if not testbed_installed():
-        raise UsageError(TESTBED_MISSING)
+        raise InputError(TESTBED_MISSING)
     from hs_tracer.inputs.env import require_valid
     from hs_tracer.inputs.model_config import check_draft, check_target
     from hs_tracer.inputs.profile import load_profile
@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is not None:
         load_profile(args.profile)
     if args.prompts < 1 or args.max_new_tokens < 1:
-        raise UsageError("--prompts and --max-new-tokens take positive numbers")
+        raise InputError("--prompts and --max-new-tokens take positive numbers")
     if args.target is not None and args.draft is None:
-        raise UsageError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
+        raise InputError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
     if args.engine == "vllm":
         return _run_vllm(args)
     if args.real and (args.target is not None or args.draft is not None):
@@ -105,14 +105,14 @@ def _run_vllm(args: argparse.Namespace) -> int:
     its layer ids (with the testbed pair)."""
     import importlib.util
 
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer_testbed import demo, vllm_demo
 
     if args.scenarios:
-        raise UsageError("--scenario names SGLang's miswirings; with --engine vllm the demo runs the draft "
+        raise InputError("--scenario names SGLang's miswirings; with --engine vllm the demo runs the draft "
                          "without its layer ids")
     if importlib.util.find_spec("vllm") is None:
-        raise UsageError("--engine vllm needs vLLM installed: `make demo ENGINE=vllm` builds its venv")
+        raise InputError("--engine vllm needs vLLM installed: `make demo ENGINE=vllm` builds its venv")
     log = None
     if not args.verbose:
         fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-vllm-", suffix=".log")

@@ -48,7 +48,7 @@ def thresholds_from(args: argparse.Namespace):
     from dataclasses import replace
 
     from hs_tracer.diagnosis.matcher import Thresholds
-    from hs_tracer.inputs import InputError
+    from hs_tracer.errors import InputError
 
     for name, (low, what) in _LIMITS.items():
         value = getattr(args, name)
@@ -71,29 +71,23 @@ def thresholds_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
     from hs_tracer.diagnosis.identity import diagnose_detailed
     from hs_tracer.diagnosis.live import read_live
     from hs_tracer.inputs.capture import check_live
     from hs_tracer.inputs.profile import load_profile
-    from hs_tracer.profile.model import ProfileError
-    from hs_tracer.profile.readers import LayoutError
 
     thresholds = thresholds_from(args)
     profile = load_profile(args.profile)
     check_live(args.live, profile, args.profile)
-    try:
-        live = read_live(args.live, profile.hidden_size, int(profile.meta.get("skip_first_positions", 1)))
-        result = diagnose_detailed(
-            live.stats,
-            profile,
-            tokens=live.tokens,
-            nonfinite=live.nonfinite,
-            width=live.width,
-            thresholds=thresholds,
-        )
-    except (ProfileError, LayoutError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
+    live = read_live(args.live, profile.hidden_size, int(profile.meta.get("skip_first_positions", 1)))
+    result = diagnose_detailed(
+        live.stats,
+        profile,
+        tokens=live.tokens,
+        nonfinite=live.nonfinite,
+        width=live.width,
+        thresholds=thresholds,
+    )
     from hs_tracer.diagnosis.verdict import live_report
 
     report = live_report([], result.report, live.acceptance, profile)

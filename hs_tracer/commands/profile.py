@@ -107,33 +107,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _ids(text: str | None, flag: str) -> list[int] | None:
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
 
     if text is None:
         return None
     try:
         return [int(v) for v in text.replace(" ", "").split(",") if v != ""]
     except ValueError:
-        raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,29,57") from None
+        raise InputError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,29,57") from None
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
 
     if text is None:
         return None
     try:
         i, n = (int(v) for v in text.split("/"))
     except ValueError:
-        raise UsageError(f"--shard {text!r}: expected i/n, e.g. 0/8") from None
+        raise InputError(f"--shard {text!r}: expected i/n, e.g. 0/8") from None
     if not 0 <= i < n:
-        raise UsageError(f"--shard {text!r}: need 0 <= i < n")
+        raise InputError(f"--shard {text!r}: need 0 <= i < n")
     return i, n
 
 
 def _check_build_inputs(args: argparse.Namespace) -> None:
     """Every input exists and is well formed, and the output replaces none of them: before any work."""
-    from hs_tracer.inputs import InputError
+    from hs_tracer.errors import InputError
     from hs_tracer.inputs.capture import check_capture
     from hs_tracer.inputs.model_config import check_target, read_config
     from hs_tracer.inputs.outputs import check_output
@@ -153,83 +153,79 @@ def _check_build_inputs(args: argparse.Namespace) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer.profile import build
-    from hs_tracer.profile.model import ProfileError
     from hs_tracer.sources import Convention, Family, family_of
 
     _check_build_inputs(args)
-    try:
-        target = build.read_target(args.target) if args.target else build.TargetInfo()
-        if args.num_layers is not None:
-            target.num_layers = args.num_layers
-        convention = Convention.parse(args.convention) if args.convention else None
-        family = (
-            Family.parse(args.family).value
-            if args.family
-            else (family_of(target.arch).value if target.arch else None)
+    target = build.read_target(args.target) if args.target else build.TargetInfo()
+    if args.num_layers is not None:
+        target.num_layers = args.num_layers
+    convention = Convention.parse(args.convention) if args.convention else None
+    family = (
+        Family.parse(args.family).value
+        if args.family
+        else (family_of(target.arch).value if target.arch else None)
+    )
+    flag_ids = _ids(args.layer_ids, "--layer-ids")
+    ids = build.ids_from_draft(args.draft) if args.draft else None
+    if ids is not None and flag_ids is not None:
+        raise InputError(
+            f"--draft {args.draft} states layer ids {ids.ids} and --layer-ids gives {flag_ids}: "
+            "pass one of them"
         )
-        flag_ids = _ids(args.layer_ids, "--layer-ids")
-        ids = build.ids_from_draft(args.draft) if args.draft else None
-        if ids is not None and flag_ids is not None:
-            raise UsageError(
-                f"--draft {args.draft} states layer ids {ids.ids} and --layer-ids gives {flag_ids}: "
-                "pass one of them"
+    if ids is None and flag_ids is not None:
+        if convention is None:
+            raise InputError(
+                "--layer-ids needs --convention (e.g. specforge for SpecForge draft-config ids)"
             )
-        if ids is None and flag_ids is not None:
-            if convention is None:
-                raise UsageError(
-                    "--layer-ids needs --convention (e.g. specforge for SpecForge draft-config ids)"
-                )
-            ids = build.IdSpec(flag_ids, convention, "flag")
-        elif ids is not None and convention is not None:
-            ids.convention = convention  # e.g. SpecForge data captured by SGLang on a DeepSeek target
-        elif ids is None and convention is not None:
-            ids = build.IdSpec(None, convention, "default")
-        if ids is not None:
-            ids.family = family
-            if ids.convention is Convention.SGLANG_DRAFT_CONFIG and family is None:
-                raise UsageError(
-                    "--convention sglang_draft_config needs --family or --target (its architecture)"
-                )
-        dumps = [build.open_dump(path, ids=ids, target=target) for path in args.sources]
-        atlas = None
-        if args.atlas:
-            atlas_ids = _ids(args.atlas_layer_ids, "--atlas-layer-ids")
-            a_ids = (
-                build.IdSpec(atlas_ids, Convention.parse(args.atlas_convention), "flag")
-                if atlas_ids
-                else None
+        ids = build.IdSpec(flag_ids, convention, "flag")
+    elif ids is not None and convention is not None:
+        ids.convention = convention  # e.g. SpecForge data captured by SGLang on a DeepSeek target
+    elif ids is None and convention is not None:
+        ids = build.IdSpec(None, convention, "default")
+    if ids is not None:
+        ids.family = family
+        if ids.convention is Convention.SGLANG_DRAFT_CONFIG and family is None:
+            raise InputError(
+                "--convention sglang_draft_config needs --family or --target (its architecture)"
             )
-            atlas_target = build.TargetInfo(
-                target.num_layers or dumps[0].num_layers, target.hidden_size, target.arch
-            )
-            atlas = build.open_dump(args.atlas, ids=a_ids, target=atlas_target, all_layers=True)
-        kwargs = {
-            k: v
-            for k, v in (
-                ("piece_tokens", args.piece_tokens),
-                ("max_pieces", args.max_pieces),
-                ("skip_first", args.skip_first),
-            )
-            if v is not None
-        }
-        shard = parse_shard(args.shard)
-        key = build.build_key(dumps, atlas=atlas, shard=shard, **kwargs)
-        if args.resume and build.already_built(args.output, key):
-            print(f"{args.output}: already built from the same files and settings; skipped (--resume)")
-            return 0
-        profile = build.build_profile(
-            dumps,
-            atlas=atlas,
-            shard=shard,
-            progress=False if args.no_progress else None,
-            **kwargs,
+    dumps = [build.open_dump(path, ids=ids, target=target) for path in args.sources]
+    atlas = None
+    if args.atlas:
+        atlas_ids = _ids(args.atlas_layer_ids, "--atlas-layer-ids")
+        a_ids = (
+            build.IdSpec(atlas_ids, Convention.parse(args.atlas_convention), "flag")
+            if atlas_ids
+            else None
         )
-    except (build.BuildError, ProfileError, ValueError) as exc:
-        raise UsageError(str(exc)) from exc
+        atlas_target = build.TargetInfo(
+            target.num_layers or dumps[0].num_layers, target.hidden_size, target.arch
+        )
+        atlas = build.open_dump(args.atlas, ids=a_ids, target=atlas_target, all_layers=True)
+    kwargs = {
+        k: v
+        for k, v in (
+            ("piece_tokens", args.piece_tokens),
+            ("max_pieces", args.max_pieces),
+            ("skip_first", args.skip_first),
+        )
+        if v is not None
+    }
+    shard = parse_shard(args.shard)
+    key = build.build_key(dumps, atlas=atlas, shard=shard, **kwargs)
+    if args.resume and build.already_built(args.output, key):
+        print(f"{args.output}: already built from the same files and settings; skipped (--resume)")
+        return 0
+    profile = build.build_profile(
+        dumps,
+        atlas=atlas,
+        shard=shard,
+        progress=False if args.no_progress else None,
+        **kwargs,
+    )
     if profile.atlas is not None and profile.atlas.stats.hidden != profile.slots.hidden:
-        raise UsageError(f"--atlas {args.atlas}", f"hidden size {profile.atlas.stats.hidden} but the "
+        raise InputError(f"--atlas {args.atlas}", f"hidden size {profile.atlas.stats.hidden} but the "
                          f"data is of hidden size {profile.slots.hidden}",
                          "pass the atlas dump of the same target")
     from hs_tracer.profile import expectation
@@ -250,20 +246,17 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer.inputs.outputs import check_output
     from hs_tracer.inputs.profile import load_profile
-    from hs_tracer.profile.model import ProfileError, merge_profiles
+    from hs_tracer.profile.model import merge_profiles
 
     check_output(args.output, "-o", args.profiles)
     profiles = [load_profile(p, flag="") for p in args.profiles]
-    try:
-        merged = merge_profiles(profiles)
-    except (ProfileError, ValueError) as exc:  # ValueError: the same pieces in two inputs
-        raise UsageError(str(exc)) from exc
+    merged = merge_profiles(profiles)
     if args.require_complete and not merged.meta.get("complete", True):
         missing = sorted(set(range(int(merged.meta["shard_count"]))) - set(merged.meta["shards"]))
-        raise UsageError(f"shards {missing} of {merged.meta['shard_count']} are missing; nothing written")
+        raise InputError(f"shards {missing} of {merged.meta['shard_count']} are missing; nothing written")
     merged.save(args.output)
     print(merged.summary())
     print(f"wrote {args.output}")

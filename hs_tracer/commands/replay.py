@@ -37,26 +37,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
+    from hs_tracer.errors import InputError
     from hs_tracer.inputs.capture import check_capture, check_live
     from hs_tracer.inputs.model_config import check_draft, check_target
     from hs_tracer.inputs.profile import check_fits, load_profile
     from hs_tracer.profile.capture_format import is_capture_dir
-    from hs_tracer.profile.model import ProfileError
-    from hs_tracer.profile.readers import LayoutError
     from hs_tracer.replay.analysis import human, replay, to_json_text
 
     if args.max_tokens <= 0 or (args.threads is not None and args.threads <= 0):
-        raise UsageError("--max-tokens and --threads take positive numbers")
+        raise InputError("--max-tokens and --threads take positive numbers")
     if not is_capture_dir(args.capture):
-        raise UsageError(f"{args.capture} is not an hs_tracer capture (no manifest.json); capture one with "
+        raise InputError(f"{args.capture} is not an hs_tracer capture (no manifest.json); capture one with "
                          "HS_TRACER_CAPTURE_DIR on the server")
     manifest = check_capture(args.capture, "CAPTURE_DIR")
     check_draft(args.draft, runnable=True)
     if args.target is not None:
         check_target(args.target)
     if args.training_data is not None and not args.training_data.is_dir():
-        raise UsageError(f"--training-data {args.training_data}", "not a directory",
+        raise InputError(f"--training-data {args.training_data}", "not a directory",
                          "pass the draft's SpecForge or speculators training dump")
     if args.profile is not None:
         profile = load_profile(args.profile)
@@ -64,10 +62,7 @@ def run(args: argparse.Namespace) -> int:
                    num_layers=manifest.num_layers)
         if args.training_data is not None:
             check_live(args.training_data, profile, args.profile, "--training-data")
-    try:
-        result = replay(args.capture, args.draft, target_dir=args.target, training=args.training_data,
-                        profile_path=args.profile, max_tokens=args.max_tokens, threads=args.threads)
-    except (FileNotFoundError, ProfileError, LayoutError, ValueError, NotImplementedError) as exc:
-        raise UsageError(str(exc)) from exc
+    result = replay(args.capture, args.draft, target_dir=args.target, training=args.training_data,
+                    profile_path=args.profile, max_tokens=args.max_tokens, threads=args.threads)
     print(to_json_text(result) if args.json else human(result))
     return result.exit_code

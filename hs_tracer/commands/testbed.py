@@ -69,22 +69,22 @@ def run_build(args: argparse.Namespace) -> int:
     import os
     import shutil
 
-    from hs_tracer.cli import UsageError
     from hs_tracer.commands import TESTBED_MISSING, testbed_installed
+    from hs_tracer.errors import InputError
 
     if not testbed_installed():
-        raise UsageError(TESTBED_MISSING)
+        raise InputError(TESTBED_MISSING)
 
     out: Path = args.out
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}", "exists and is not a directory", "pass a directory path")
+        raise InputError(f"--out {out}", "exists and is not a directory", "pass a directory path")
     replace = out.is_dir() and any(out.iterdir())
     if replace and not _earlier_build(out):
-        raise UsageError(f"--out {out}", "a non-empty directory that is not a testbed build",
+        raise InputError(f"--out {out}", "a non-empty directory that is not a testbed build",
                          "pass a new or empty directory; nothing in it was touched")
     parent = out.absolute().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}", f"{parent} is not a writable directory", "pick another path")
+        raise InputError(f"--out {out}", f"{parent} is not a writable directory", "pick another path")
 
     from hs_tracer_testbed.build import Recipe, TestbedPaths, build
 
@@ -120,11 +120,11 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_real(args: argparse.Namespace) -> int:
-    from hs_tracer.cli import UsageError
     from hs_tracer.commands import TESTBED_MISSING, testbed_installed
+    from hs_tracer.errors import InputError
 
     if not testbed_installed():
-        raise UsageError(TESTBED_MISSING)
+        raise InputError(TESTBED_MISSING)
     from hs_tracer_testbed import smollm
 
     try:
@@ -133,7 +133,7 @@ def run_real(args: argparse.Namespace) -> int:
             return 0
         pair = smollm.ensure_pair(progress=not args.quiet)
     except smollm.MissingModelPackage as exc:
-        raise UsageError(str(exc)) from None
+        raise InputError(str(exc)) from None
     manifest = pair.load_manifest()
     print(f"target {pair.target}\ndraft {pair.draft}")
     print(f"data {pair.specforge_data} (SpecForge), {pair.atlas_data} and {pair.other_data} (every layer)")

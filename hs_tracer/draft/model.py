@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hs_tracer.errors import InputError
+
 # SGLang's legacy names (SpecForge writes ``midlayer.*``); speculators writes ``layers.0.*``.
 _LAYER_PREFIXES = ("midlayer.", "layers.0.")
 
@@ -62,7 +64,7 @@ class DraftConfig:
         heads = cfg["num_attention_heads"]
         for flag in ("norm_before_fc", "fc_norm", "use_aux_norm"):
             if eagle.get(flag) or cfg.get(flag):
-                raise NotImplementedError(
+                raise InputError(
                     f"draft config sets {flag}; hs_tracer's draft forward supports it not yet"
                 )
         return cls(

@@ -7,6 +7,6 @@ off. :mod:`.outputs` is the other half: results are written atomically, next to 
 and never over an input.
 """
 
-from hs_tracer.inputs.errors import InputError
+from hs_tracer.errors import InputError
 
 __all__ = ["InputError"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hs_tracer.inputs.errors import InputError
+from hs_tracer.errors import InputError
 from hs_tracer.preflight.safetensors_header import SafetensorsError, TensorEntry, read_header
 
 

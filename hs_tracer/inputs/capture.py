@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hs_tracer.errors import InputError
 from hs_tracer.inputs._common import is_int, safetensors_table, str_list
-from hs_tracer.inputs.errors import InputError
 from hs_tracer.profile import capture_format as cf
 
 if TYPE_CHECKING:

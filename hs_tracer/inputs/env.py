@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hs_tracer import config
-from hs_tracer.inputs.errors import InputError
+from hs_tracer.errors import InputError
 
 # Variables of other hs_tracer tools (the testbed, tests): not tracer settings.
 _OTHER_PREFIXES = ("HS_TRACER_TESTBED_", "HS_TRACER_TEST_")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hs_tracer.errors import InputError
 from hs_tracer.inputs._common import is_int, safetensors_table, str_list
-from hs_tracer.inputs.errors import InputError
 
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "architectures": (lambda v: str_list(v) and len(v) > 0, "a non-empty list of class names"),

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from hs_tracer.inputs.errors import InputError
+from hs_tracer.errors import InputError
 
 
 def _same(a: Path, b: Path) -> bool:

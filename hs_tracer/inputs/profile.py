@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hs_tracer.errors import InputError
 from hs_tracer.inputs._common import is_int, safetensors_table, str_list
-from hs_tracer.inputs.errors import InputError
 
 if TYPE_CHECKING:
     from hs_tracer.profile.model import Profile

@@ -12,7 +12,7 @@ import difflib
 import shlex
 from typing import Any
 
-from hs_tracer.inputs.errors import InputError
+from hs_tracer.errors import InputError
 
 FLAG = "--server-args"
 # The algorithms whose draft hs-tracer checks (NEXTN is SGLang's alias of EAGLE).

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hs_tracer.errors import InputError
 from hs_tracer.preflight.safetensors_header import TensorEntry, read_header, read_tensor
 
 # sglang/srt/model_loader/weight_utils.py::filter_files_not_needed_for_inference
@@ -22,7 +23,7 @@ _TRAINER_FILES = ("training_args.bin", "optimizer.bin", "optimizer.pt", "schedul
 _INDEX = "model.safetensors.index.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """The draft directory cannot be read safely; the message says what to do."""
 
 

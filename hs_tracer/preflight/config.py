@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hs_tracer.errors import InputError
 from hs_tracer.sources import text_config
 
 # Draft architectures SGLang 0.5.23 registers for EAGLE-3 (models/llama_eagle3.py and
@@ -27,7 +28,7 @@ SGLANG_EAGLE_DRAFT_ARCHS = frozenset({
 SPECULATORS_ARCHS = frozenset({"Eagle3Speculator", "Eagle3DraftModel"})
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config file is missing or unreadable; the message says how to fix it."""
 
 

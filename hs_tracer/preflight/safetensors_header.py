@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hs_tracer.errors import InputError
+
 # Header sizes above this are not plausible for a draft checkpoint; refuse rather than read GBs.
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
@@ -34,7 +36,7 @@ _NUMPY_DTYPES = {
 }
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(InputError):
     """The file is not a readable safetensors file."""
 
 

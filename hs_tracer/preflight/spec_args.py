@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.errors import InputError
 
 # _auto_choose_speculative_params: (steps, topk, draft tokens) by target architecture.
 _AUTO_5_4_8 = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
@@ -29,7 +30,7 @@ SPEC_FIELDS = ("speculative_algorithm", "speculative_num_steps", "speculative_ea
                "speculative_num_draft_tokens", "speculative_adaptive", "speculative_use_rejection_sampling")
 
 
-class ServerArgsError(ValueError):
+class ServerArgsError(InputError):
     """The --server-args string cannot be parsed."""
 
 

@@ -16,6 +16,7 @@ import hashlib
 
 import numpy as np
 
+from hs_tracer.errors import InputError
 from hs_tracer.fingerprint.stats import ChannelStats
 
 
@@ -78,7 +79,7 @@ class StatsAccumulator:
         """Add ``[T, R, H]`` (numpy or torch). Returns its float64 ``(sum, sumsq)`` when every value was
         finite (the calibration pieces reuse them), else None."""
         if x.ndim != 3 or tuple(x.shape[1:]) != self.stats.sum.shape:
-            raise ValueError(
+            raise InputError(
                 f"expected [T, {self.stats.num_slots}, {self.stats.hidden}], got {tuple(x.shape)}"
             )
         self.tokens += x.shape[0]
@@ -116,7 +117,7 @@ class PieceSample:
 
     def __init__(self, num_slots: int, hidden: int, piece_tokens: int, max_pieces: int) -> None:
         if piece_tokens < 1 or max_pieces < 0:
-            raise ValueError("piece_tokens must be >= 1 and max_pieces >= 0")
+            raise InputError("piece_tokens must be >= 1 and max_pieces >= 0")
         self.shape = (num_slots, hidden)
         self.piece_tokens = piece_tokens
         self.max_pieces = max_pieces
@@ -174,7 +175,7 @@ def merge_piece_arrays(
     the same records were counted in two shards)."""
     keys = np.concatenate([a["keys"], b["keys"]])
     if len(np.unique(keys)) != len(keys):
-        raise ValueError(
+        raise InputError(
             "the same calibration pieces appear in both profiles: were the same records built twice?"
         )
     order = np.argsort(keys, kind="stable")[:max_pieces]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hs_tracer import __version__ as _version
+from hs_tracer.errors import InputError
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile import readers
 from hs_tracer.profile.accumulate import PieceSample, StatsAccumulator, add_record
@@ -30,7 +31,7 @@ DEFAULT_MAX_PIECES = 256
 DEFAULT_SKIP_FIRST = 1  # position 0 (BOS / attention sink) has outlier activations and never reaches decode
 
 
-class BuildError(ValueError):
+class BuildError(InputError):
     """Inputs that cannot make a profile; the message names the fix (the CLI turns it into exit 2)."""
 
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from hs_tracer.errors import InputError
+
 FORMAT = "hs_tracer_capture"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -80,9 +82,9 @@ class CaptureManifest:
     @classmethod
     def from_json(cls, data: dict[str, Any], where: Path) -> CaptureManifest:
         if data.get("format") != FORMAT:
-            raise ValueError(f"{where}: not an hs_tracer capture manifest (format={data.get('format')!r})")
+            raise InputError(f"{where}: not an hs_tracer capture manifest (format={data.get('format')!r})")
         if int(data.get("version", 0)) != VERSION:
-            raise ValueError(
+            raise InputError(
                 f"{where}: capture version {data.get('version')} is not supported (need {VERSION})"
             )
         try:
@@ -108,7 +110,7 @@ class CaptureManifest:
                 skipped=int(data.get("skipped", 0) or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
+            raise InputError(
                 f"{where}: manifest lacks or mangles num_slots/hidden_size/shards ({exc})"
             ) from exc
 
@@ -118,7 +120,7 @@ def shard_name(entry: Any, where: Path) -> str:
     name = entry.get("file") if isinstance(entry, dict) else None
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
             or "\0" in name or name.startswith("."):
-        raise ValueError(f"{where}: shard entry {entry!r} is not a plain file name inside the capture "
+        raise InputError(f"{where}: shard entry {entry!r} is not a plain file name inside the capture "
                          "directory (paths, '..' and hidden files are refused)")
     return name
 
@@ -128,7 +130,7 @@ def shard_file(root: Path, entry: Any) -> Path:
     root = Path(root)
     file = root / shard_name(entry, root / MANIFEST)
     if file.is_symlink() or file.resolve().parent != root.resolve():
-        raise ValueError(f"{file}: a capture shard must be a regular file inside {root} (symlinks are "
+        raise InputError(f"{file}: a capture shard must be a regular file inside {root} (symlinks are "
                          "refused)")
     return file
 
@@ -148,7 +150,7 @@ def read_manifest(path: Path) -> CaptureManifest:
     try:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{manifest}: unreadable capture manifest ({exc})") from exc
+        raise InputError(f"{manifest}: unreadable capture manifest ({exc})") from exc
     return CaptureManifest.from_json(data, manifest)
 
 
@@ -176,7 +178,7 @@ class CaptureWriter:
 
         feats = torch.as_tensor(features).detach().to("cpu").contiguous()
         if feats.dim() != 2:
-            raise ValueError(f"features must be [N, width], got {tuple(feats.shape)}")
+            raise InputError(f"features must be [N, width], got {tuple(feats.shape)}")
         n = feats.shape[0]
 
         def ints(v) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hs_tracer.errors import InputError
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.inputs.outputs import atomic_write
 from hs_tracer.profile import expectation
@@ -33,7 +34,7 @@ VERSION = 1
 _META_KEY = "hs_tracer_profile"
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     """A profile file is unreadable or two profiles cannot be merged; the message says why."""
 
 

@@ -33,6 +33,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+from hs_tracer.errors import InputError
 from hs_tracer.profile import capture_format
 
 SPECFORGE = "specforge"
@@ -40,7 +41,7 @@ SPECULATORS = "speculators"
 CAPTURE = "hs_tracer_capture"
 
 
-class LayoutError(ValueError):
+class LayoutError(InputError):
     """The directory is not in a layout a reader accepts, or a file in it is malformed."""
 
 

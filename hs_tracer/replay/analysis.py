@@ -23,6 +23,7 @@ import torch
 from hs_tracer import sources as S
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.draft.model import Eagle3Draft
+from hs_tracer.errors import InputError
 from hs_tracer.replay import data as D
 from hs_tracer.replay.rule import MIN_TOKENS, Level, training_level
 from hs_tracer.replay.runner import EMBEDDING, Agreement, Wiring, agreement, describe, unigram_baseline
@@ -353,10 +354,10 @@ def _replay(capture: Path, draft_dir: Path, target_dir: Path | None, training: P
     manifest, seqs, accept = D.load_capture(capture, max_tokens)
     seqs, nonfinite, values = D.finite_only(seqs)
     if not seqs and nonfinite:
-        raise ValueError(f"{capture}: every captured row holds NaN/Inf values ({nonfinite} of {values}); "
+        raise InputError(f"{capture}: every captured row holds NaN/Inf values ({nonfinite} of {values}); "
                          "nothing to replay: look for overflow in the target")
     if not seqs:
-        raise ValueError(f"{capture}: the capture holds no feature rows yet (raise HS_TRACER_CAPTURE_RATE "
+        raise InputError(f"{capture}: the capture holds no feature rows yet (raise HS_TRACER_CAPTURE_RATE "
                          "or capture longer)")
     target = target_dir or (Path(manifest.target_path) if manifest.target_path else None)
     if target is not None and not target.is_dir():
@@ -367,7 +368,7 @@ def _replay(capture: Path, draft_dir: Path, target_dir: Path | None, training: P
         torch.set_num_threads(1)
     k, h = manifest.num_slots, manifest.hidden_size
     if k * h != draft.config.fc_in:
-        raise ValueError(f"{capture}: features are {k}x{h} wide, the draft's fc reads {draft.config.fc_in}; "
+        raise InputError(f"{capture}: features are {k}x{h} wide, the draft's fc reads {draft.config.fc_in}; "
                          "replay needs the draft the capture was served with")
     profile = None
     if profile_path is not None:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from provenance import source_state
 
 SIZES = (16, 32, 64, 96, 128, 192, 256)  # below min_steps (64): the statistic alone, min_steps lowered
 
@@ -147,6 +148,7 @@ def main() -> None:
         "scenarios": results,
         "accept_lengths": runs,
     }
+    out["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     keys = ("mean_accept_length", "with_expectation", "without_expectation")
     print(json.dumps({k: {kk: v[kk] for kk in keys}

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import source_state
+
 
 def main() -> None:
     import numpy as np
@@ -85,6 +87,7 @@ def main() -> None:
         results["no_sync"] = True  # set_sync_debug_mode("error") would have raised
     results["method"] = ("host wall time around offer_prefill on the scheduler-side thread; sync debug mode "
                          "'error' on during the offers; poll() between steps like the recorder")
+    results["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

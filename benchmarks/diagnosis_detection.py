@@ -29,6 +29,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+from provenance import source_state
 
 from hs_tracer.diagnosis.identity import diagnose
 from hs_tracer.diagnosis.matcher import Thresholds
@@ -154,6 +155,7 @@ def main() -> None:
                 )
             out["results"][f"{pname}/{dname}"] = cell
     out["cost_at_deepseek_v3_shapes"] = cost_at_scale()
+    out["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import source_state
 
 from hs_tracer.fingerprint.kernel import DEFAULT_CONFIG, FingerprintWorkspace, KernelConfig, fingerprint_fused
 from hs_tracer.fingerprint.probe import FingerprintProbe
@@ -322,6 +323,7 @@ def main() -> int:
         per_step_host(res["rows"])
     if args.sweep or args.sweep_only:
         res["sweep"] = sweep(bw, l2)
+    res["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     (args.out / "fingerprint_gpu.json").write_text(json.dumps(res, indent=2))
     md = markdown(res)
     (args.out / "fingerprint_gpu.md").write_text(md)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from provenance import source_state
 
 from hs_tracer.fingerprint.kernel import DEFAULT_CONFIG, FingerprintWorkspace, fingerprint_fused
 from hs_tracer.fingerprint.probe import FingerprintProbe
@@ -423,6 +424,7 @@ def main() -> int:
         result["checks"][name] = res
         log(f"{'PASS' if not fails else 'FAIL'} {name}: {json.dumps(res, default=str)[:1500]}")
     result["pass"] = ok
+    result["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     (args.out / "gpu_check_fingerprint.json").write_text(json.dumps(result, indent=2, default=str))
     (args.out / "gpu_check_fingerprint.log").write_text("\n".join(LOG) + "\n")
     log("ALL PASS" if ok else "SOME CHECKS FAILED")

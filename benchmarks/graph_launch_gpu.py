@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import source_state
 
 from hs_tracer.fingerprint import native
 from hs_tracer.fingerprint.launch import GraphLaunch, _driver_entry_points, _driver_graph_launch
@@ -106,6 +107,7 @@ def main() -> int:
            "method": __doc__.strip(), "calls": args.calls, "host_us_median": rows,
            "launches_expected": launches, "launches_ran": ran}
     args.out.mkdir(parents=True, exist_ok=True)
+    res["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     (args.out / "graph_launch_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res["host_us_median"], indent=2), f"\nlaunches ran {ran} of {launches}")
     return 0 if ran == launches else 1

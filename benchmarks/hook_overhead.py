@@ -68,6 +68,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from provenance import source_state
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -591,6 +592,7 @@ def main() -> int:
             collector.kill()
     args.out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or ("gpu" if device.type == "cuda" else "cpu")
+    res["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     (args.out / f"hook_overhead_{tag}.json").write_text(json.dumps(res, indent=2) + "\n")
     md = markdown(res)
     (args.out / f"hook_overhead_{tag}.md").write_text(md)

@@ -37,6 +37,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from provenance import source_state
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 LAYOUTS = ("specforge", "speculators")
@@ -177,6 +179,7 @@ def main() -> None:
         "runs": runs,
     }
     path = args.out or RESULTS / f"profile_build_{now.date().isoformat()}.json"
+    out["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     print(f"wrote {path}")

@@ -23,6 +23,8 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
+from provenance import source_state
+
 from hs_tracer.diagnosis.matcher import divergence, moments
 from hs_tracer.profile import build
 from hs_tracer.profile.model import Profile
@@ -114,6 +116,7 @@ def main() -> None:
                 print(name, pname, sname, per[sname], flush=True)
             cell["verdicts"][pname] = per
         out["profiles"][name] = cell
+    out["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
 

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import source_state
+
 NS = (1, 16, 64, 256, 1024, 4096)
 REPO = Path(__file__).resolve().parents[1]
 
@@ -238,6 +240,7 @@ def main() -> None:
         print(f"| {r['N']} | {b:.1f} | {a:.1f} | {b / a:.1f}x | {b0:.1f} | {a0:.1f} | {b0 / a0:.1f}x | "
               f"{'-' if e is None else f'{e:.1f}'} |")
     if args.out is not None:
+        res["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
         args.out.write_text(json.dumps(res, indent=2) + "\n")
 
 

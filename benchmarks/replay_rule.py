@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from provenance import source_state
 
 from hs_tracer.draft.model import Eagle3Draft
 from hs_tracer.replay import data as D
@@ -138,6 +139,7 @@ def main() -> None:
                         "largest_deficit_by_size": {str(s): round(v, 3) for s, v in deficit.items()}},
         "rates": table,
     }
+    out["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({k: out[k] for k in ("training", "spread_by_size", "level_by_size", "calibration")},
                      indent=2))

@@ -39,6 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from provenance import source_state
+
 REPO = Path(__file__).resolve().parents[1]
 COUNTERS = ("hs_tracer_drafts_total", "hs_tracer_accepted_tokens_total", "hs_tracer_verify_steps_total",
             "hs_tracer_records_dropped_total", "hs_tracer_hook_errors_total", "hs_tracer_enabled",
@@ -340,6 +342,7 @@ def main() -> None:
                sys.executable, *sys.argv, "--in-namespace"]
         sys.exit(subprocess.run(cmd).returncode)
     result = soak(args) if args.mode == "soak" else faults(args)
+    result["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

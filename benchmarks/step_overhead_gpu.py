@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from provenance import source_state
 
 from hs_tracer.fingerprint.probe import FingerprintProbe
 
@@ -199,6 +200,7 @@ def main() -> int:
                      f"| {r['gpu_step_us_off']:.0f} "
                      f"| {r['gpu_step_us_on']:.0f} |")
     md = "\n".join(lines) + "\n"
+    res["source"] = source_state(Path(__file__).resolve().parents[1])  # the commit measured
     (args.out / "step_overhead_gpu.json").write_text(json.dumps(res, indent=2))
     (args.out / "step_overhead_gpu.md").write_text(md)
     print(md)

@@ -128,6 +128,8 @@ endif
 test: $(STAMP)
 ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	$(BIN)/python -m ruff check .
+	@# The import layers (pyproject.toml, [tool.importlinter]; docs/architecture.md).
+	$(BIN)/lint-imports --no-cache
 	@# A real Prometheus server (and promtool) from Debian's package; the tests start their own.
 	tests/infra/prometheus.sh
 	@# A C compiler and Python headers: the tests build the probe's C graph-replay helper.
@@ -163,6 +165,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
+	$(BIN)/lint-imports --no-cache
 
 # Re-resolve the pinned set from requirements/runtime.in (needs network access to PyPI).
 lock:

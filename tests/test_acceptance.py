@@ -6,7 +6,8 @@ import torch
 
 from hs_tracer.diagnosis.acceptance import acceptance_findings
 from hs_tracer.diagnosis.causes import group
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report, Severity, SlotVerdict
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
+from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.verdict import live_report
 from hs_tracer.profile.expectation import ExpectedAcceptance, chain_accepted, training_sequences
 

@@ -42,7 +42,7 @@ def test_broken_vocabulary_map_is_critical_with_the_vocabulary_as_cause(engines)
 
 
 def test_top_level_ids_served_right_exit_0_with_a_warning(engines) -> None:
-    from hs_tracer.diagnosis.findings import Report
+    from hs_tracer.diagnosis.report import Report
 
     d = _diagnosis(engines, "ids_top_level")
     assert d["status"] == "warning", d["findings"]

@@ -139,7 +139,7 @@ def test_live_diagnosis_names_a_profile_of_another_model(small_profile: Path) ->
     """The plugin's startup: the profile is set aside with one warning, which comes first; nothing is
     compared with it, so no finding blames the draft."""
     from hs_tracer.config import TracerConfig
-    from hs_tracer.diagnosis.findings import Report
+    from hs_tracer.diagnosis.report import Report
     from hs_tracer.diagnosis.verdict import live_report
     from hs_tracer.integrations.sglang.state import TracerState
 

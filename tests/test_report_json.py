@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report, Severity, SlotVerdict
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
+from hs_tracer.diagnosis.report import Report
 
 
 def test_report_survives_its_json() -> None:

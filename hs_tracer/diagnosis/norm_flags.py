@@ -19,18 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
-
-FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
-
-
-def written_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:
-    """Each flag as the config states it, wherever the writer put it (nested or top level)."""
-    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-    out = {}
-    for flag in FLAGS:
-        names = (flag, "use_aux_norm") if flag == "fc_norm" else (flag,)
-        out[flag] = any(bool(nested.get(n)) or bool(cfg.get(n)) for n in names)
-    return out
+from hs_tracer.draft.norm_flags import FLAGS
 
 
 def served_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:

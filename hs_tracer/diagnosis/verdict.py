@@ -14,8 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report, Severity
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity
 from hs_tracer.diagnosis.norm_flags import check_norm_flags
+from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.wiring import served_right
 from hs_tracer.profile.model import Profile
 

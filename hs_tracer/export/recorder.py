@@ -38,19 +38,67 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hs_tracer.export.analysis import Analysis, ExportSetup, Health
 from hs_tracer.export.batch import Scratch, StepBatch
 
 if TYPE_CHECKING:
+    from hs_tracer.config import TracerConfig
+    from hs_tracer.diagnosis.findings import Finding
     from hs_tracer.export.process import ExportProcess
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.fingerprint.stats import ChannelStats
-    from hs_tracer.integrations.sglang.state import TracerState
+    from hs_tracer.records import Ranks, WiringRecord
 
 logger = logging.getLogger("hs_tracer")
+
+
+# ---- what the recorder needs from the scheduler side (the SGLang integration's tracer state) -----
+class ProbeSource(Protocol):
+    probe: FingerprintProbe
+
+
+class StepSource(Protocol):
+    """The scheduler thread's step path: the verify steps it logged and the digests it drained."""
+
+    log: Sized
+    outbox: Any  # request events the OTel exporter adds to SGLang's request traces (``extend``)
+    forward_after: int  # steps logged before a hand-off is due (half the log or digest ring)
+    input_width: int | None
+    decode: ProbeSource | None
+    prefill: ProbeSource | None
+
+    def take_batch(self, *, requests: bool, scratch: Scratch | None) -> StepBatch | None: ...
+
+
+class CaptureSource(Protocol):
+    def poll(self) -> None: ...
+
+    def note_accept_lengths(self, lengths: Any) -> None: ...
+
+
+class SchedulerSide(Protocol):
+    """What the recorder reads and calls of the process it runs in: settings, the startup wiring,
+    the step path and capture sink, the tracer's health, and where to report."""
+
+    config: TracerConfig
+    wiring: WiringRecord | None
+    ranks: Ranks | None
+    static_findings: Sequence[Finding]
+    draft_config: Mapping[str, Any]
+    steps: StepSource | None
+    capture: CaptureSource | None
+    dropped: int
+    hook_errors: int
+    enabled: bool
+
+    def fail(self, where: str, exc: BaseException) -> None: ...
+
+    def write_report(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
 
 BATCH_INTERVAL_S = 0.05
 """``thread`` mode: the recorder wakes at this period and works off everything pending; ``process``
@@ -58,7 +106,7 @@ mode: its period while no steps arrive."""
 FORWARD_EVERY_S = 0.5
 """``process`` mode: while steps flow, the recorder wakes and hands them to the export process this
 often (sooner when the step rate would fill half the step log or digest ring first,
-:attr:`~hs_tracer.integrations.sglang.steps.StepPath.forward_after`). The export process refreshes
+:attr:`StepSource.forward_after`). The export process refreshes
 the report and diagnoses no more often than this anyway."""
 # A long backlog is worked off in chunks with a short sleep between them. A thread holding the GIL
 # keeps it for up to sys.getswitchinterval() (5 ms by default) once another thread asks for it, so
@@ -71,7 +119,7 @@ YIELD_S = 50e-6
 STATUS_EVERY_S = 2.0  # the export process gets this process's status at most this often while steps arrive
 
 
-def export_mode(st: TracerState) -> str:
+def export_mode(st: SchedulerSide) -> str:
     """``process`` or ``thread`` (module docstring): the configured mode, except that SGLang's
     request tracing keeps the exporters in this process."""
     from hs_tracer.export.otel import OtelExporter
@@ -83,7 +131,7 @@ def export_mode(st: TracerState) -> str:
     return st.config.export
 
 
-def export_setup(st: TracerState) -> ExportSetup:
+def export_setup(st: SchedulerSide) -> ExportSetup:
     assert st.wiring is not None and st.ranks is not None
     c = st.config
     return ExportSetup(wiring=st.wiring, ranks=st.ranks, static_findings=list(st.static_findings),
@@ -95,7 +143,7 @@ def export_setup(st: TracerState) -> ExportSetup:
 class Recorder(threading.Thread):
     """One per emitting scheduler process; a daemon thread so it never holds up SGLang's exit."""
 
-    def __init__(self, st: TracerState) -> None:
+    def __init__(self, st: SchedulerSide) -> None:
         super().__init__(name="hs_tracer-recorder", daemon=True)
         self.st = st
         self.mode = export_mode(st)

@@ -1,13 +1,10 @@
-"""Outputs: checked before any work, written atomically next to their destination, never over an input.
+"""Outputs: checked before any work, never over an input (written by :mod:`hs_tracer.atomic_file`).
 
-A result file appears only when complete (a temporary file in the same directory, fsynced, then
-renamed over the destination); a failed write removes its temporary file and leaves the destination
-as it was. The tool never writes over one of its own inputs and never replaces a directory.
+The tool never writes over one of its own inputs and never replaces a directory.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,23 +46,4 @@ def check_output(path: Path, flag: str, inputs: Iterable[Path] = ()) -> Path:
         if inp.is_dir() and path.exists() and path.resolve().is_relative_to(inp.resolve()):
             raise InputError(where, f"is a file inside the input directory {inp}",
                              "write the result outside the input")
-    return path
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> Path:
-    """Write ``data`` to ``path`` only when complete: temp file beside it, fsync, rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return path

@@ -7,14 +7,14 @@ shape against ``num_slots`` x ``hidden_size``, so diagnosis never meets a profil
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hs_tracer.errors import InputError
 from hs_tracer.inputs._common import is_int, safetensors_table, str_list
+from hs_tracer.profile.model import OTHER_MODEL_FIX, other_model
 
 if TYPE_CHECKING:
     from hs_tracer.profile.model import Profile
@@ -104,33 +104,6 @@ def _problem(p: Profile) -> str | None:
     except (TypeError, ValueError):
         return "provenance is not plain JSON"
     return None
-
-
-OTHER_MODEL_FIX = "use the profile built for this target's training data (hs-tracer profile build)"
-
-
-def other_model(meta: Mapping[str, Any], *, hidden_size: int | None, num_layers: int | None = None,
-                draft_vocab: int | None = None) -> str | None:
-    """Why a profile is of another model than the one it would judge, in words (None: it fits).
-
-    The one rule every command and the live diagnosis apply before judging anything against a
-    profile: hidden size, layer count and the draft's vocabulary (when the profile kept the training
-    data's vocabulary map) must be this model's. A profile of another model is an input problem, not
-    a verdict on the draft: every comparison with it would blame the draft for what it cannot see.
-    """
-    differ = []
-    theirs = meta.get("hidden_size")
-    if hidden_size is not None and theirs is not None and int(theirs) != hidden_size:
-        differ.append(f"hidden size {theirs}, this model's is {hidden_size}")
-    theirs = meta.get("num_layers")
-    if num_layers is not None and theirs is not None and int(theirs) != num_layers:
-        differ.append(f"{theirs} layers, this model has {num_layers}")
-    theirs = (meta.get("training_vocab_map") or {}).get("draft_vocab")
-    if draft_vocab is not None and theirs is not None and int(theirs) != draft_vocab:
-        differ.append(f"a draft vocabulary of {theirs}, this draft's is {draft_vocab}")
-    if not differ:
-        return None
-    return f"the profile is of another model ({'; '.join(differ)})"
 
 
 def check_fits(profile: Profile, what: str, profile_path: Path | str, *, hidden_size: int | None,

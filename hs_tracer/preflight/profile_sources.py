@@ -3,7 +3,7 @@
 The profile (:mod:`hs_tracer.profile.model`) stores, per slot, the canonical source the draft was
 trained on, plus the raw ids, their convention and the target's depth and width. The preflight
 compares the sources with what SGLang will capture once the profile is known to be of this model
-(:func:`hs_tracer.inputs.profile.other_model`).
+(:func:`hs_tracer.profile.model.other_model`).
 """
 
 from __future__ import annotations

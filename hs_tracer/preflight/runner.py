@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_tracer.diagnosis.findings import Code, Finding, Report, Severity, SlotVerdict
+from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
+from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.wiring import Wiring, capture, check_wiring, ids_location
 from hs_tracer.preflight.checkpoint import Checkpoint, read_checkpoint
 from hs_tracer.preflight.config import (
@@ -143,8 +144,8 @@ def run_check(
     findings: list[Finding] = check_format(draft) + check_flags(draft)
     provenance = None
     if profile is not None:
-        from hs_tracer.inputs.profile import OTHER_MODEL_FIX, other_model
         from hs_tracer.preflight.profile_sources import read_provenance
+        from hs_tracer.profile.model import OTHER_MODEL_FIX, other_model
 
         provenance = read_provenance(profile)
         problem = other_model(provenance.meta, hidden_size=tgt.hidden_size, num_layers=tgt.num_hidden_layers,

@@ -219,7 +219,7 @@ def measure(
                 break
     if rows == 0:
         return None
-    from hs_tracer.diagnosis.norm_flags import written_flags
+    from hs_tracer.draft.norm_flags import written_flags
 
     cfg = (draft_dir / "config.json").read_bytes()
     d2t = draft.d2t.numpy() if draft.config.draft_vocab_size != draft.config.vocab_size else None

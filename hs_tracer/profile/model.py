@@ -16,16 +16,16 @@ All of them are sums, so :func:`merge_profiles` of shard profiles equals the sin
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hs_tracer.atomic_file import atomic_write
 from hs_tracer.errors import InputError
 from hs_tracer.fingerprint.stats import ChannelStats
-from hs_tracer.inputs.outputs import atomic_write
 from hs_tracer.profile import expectation
 from hs_tracer.profile.accumulate import merge_piece_arrays
 
@@ -235,3 +235,30 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
     count = meta.get("shard_count")
     meta["complete"] = count is None or len(shards) == count
     return Profile(meta=meta, slots=slots, pieces=pieces, extras=extras, atlas=atlas)
+
+
+OTHER_MODEL_FIX = "use the profile built for this target's training data (hs-tracer profile build)"
+
+
+def other_model(meta: Mapping[str, Any], *, hidden_size: int | None, num_layers: int | None = None,
+                draft_vocab: int | None = None) -> str | None:
+    """Why a profile is of another model than the one it would judge, in words (None: it fits).
+
+    The one rule every command and the live diagnosis apply before judging anything against a
+    profile: hidden size, layer count and the draft's vocabulary (when the profile kept the training
+    data's vocabulary map) must be this model's. A profile of another model is an input problem, not
+    a verdict on the draft: every comparison with it would blame the draft for what it cannot see.
+    """
+    differ = []
+    theirs = meta.get("hidden_size")
+    if hidden_size is not None and theirs is not None and int(theirs) != hidden_size:
+        differ.append(f"hidden size {theirs}, this model's is {hidden_size}")
+    theirs = meta.get("num_layers")
+    if num_layers is not None and theirs is not None and int(theirs) != num_layers:
+        differ.append(f"{theirs} layers, this model has {num_layers}")
+    theirs = (meta.get("training_vocab_map") or {}).get("draft_vocab")
+    if draft_vocab is not None and theirs is not None and int(theirs) != draft_vocab:
+        differ.append(f"a draft vocabulary of {theirs}, this draft's is {draft_vocab}")
+    if not differ:
+        return None
+    return f"the profile is of another model ({'; '.join(differ)})"

@@ -219,7 +219,7 @@ def human(runs: list[Run], expect_miswired: bool = False, verbose: bool = False)
     """Per run: the models and wiring, two sample outputs, then the diagnosis as every hs_tracer
     command prints it (:meth:`Report.human`); last, one line saying what a person must do. Layers are
     named by canonical source; ``verbose`` adds SGLang's own numbering (layers_to_capture)."""
-    from hs_tracer.diagnosis.findings import Report
+    from hs_tracer.diagnosis.report import Report
 
     lines: list[str] = []
     for i, r in enumerate(runs):
@@ -244,7 +244,7 @@ def human(runs: list[Run], expect_miswired: bool = False, verbose: bool = False)
 def verdict(runs: list[Run], expect_miswired: bool) -> str:
     """The demo's last line: what a person must do about the draft as configured (or that nothing is
     needed), and whether every deliberately miswired copy was caught; agrees with :func:`exit_code`."""
-    from hs_tracer.diagnosis.findings import Report
+    from hs_tracer.diagnosis.report import Report
 
     first = runs[0]
     if first.to_json()["status"] == "unknown":

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Report
 from hs_tracer.diagnosis.identity import diagnose
 from hs_tracer.diagnosis.matcher import Thresholds
+from hs_tracer.diagnosis.report import Report
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile.accumulate import StatsAccumulator
 from hs_tracer.profile.model import Profile

@@ -189,10 +189,9 @@ class TracerState:
 
     def _trained_sources(self) -> tuple[list[str] | None, Finding | None]:
         """The profile's trained sources, or (for a profile of another model) the finding that says
-        so, with the profile left unused (:func:`hs_tracer.inputs.profile.other_model`)."""
+        so, with the profile left unused (:func:`hs_tracer.profile.model.other_model`)."""
         from hs_tracer.diagnosis.findings import Code, Finding, Severity
-        from hs_tracer.inputs.profile import OTHER_MODEL_FIX, other_model
-        from hs_tracer.profile.model import Profile
+        from hs_tracer.profile.model import OTHER_MODEL_FIX, Profile, other_model
 
         assert self.config.profile is not None
         profile = Profile.load(self.config.profile)

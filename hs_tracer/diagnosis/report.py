@@ -1,0 +1,117 @@
+"""A diagnosis report: the slot verdicts, the acceptance and the findings, and how it reads (status,
+exit code, root causes, JSON). Above :mod:`.findings` and :mod:`.causes`, which it puts together."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hs_tracer.diagnosis.causes import group
+from hs_tracer.diagnosis.findings import NOT_WIRING, Acceptance, Code, Finding, Severity, SlotVerdict
+
+
+@dataclass
+class Report:
+    """The diagnosis JSON. ``status`` is derived from the findings so it cannot disagree with them."""
+
+    slots: list[SlotVerdict] = field(default_factory=list)
+    acceptance: Acceptance | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        codes = {f.code for f in self.findings if f.severity is Severity.CRITICAL}
+        wiring = codes - set(NOT_WIRING)
+        if wiring:
+            return "miswired"
+        if codes or any(f.code is Code.FEATURE_DRIFT for f in self.findings):
+            return "drift"
+        if any(f.severity is Severity.WARNING for f in self.findings):
+            return "warning"
+        return "ok"
+
+    @property
+    def exit_code(self) -> int:
+        """Exit status: 0 healthy, 1 critical findings (2 is for usage errors, raised elsewhere)."""
+        return 1 if any(f.severity is Severity.CRITICAL for f in self.findings) else 0
+
+    def root_causes(self) -> list[Any]:
+        """The findings grouped by the cause they share, critical first (:mod:`.causes`)."""
+        return group(self.findings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "slots": [s.to_json() for s in self.slots],
+            "acceptance": self.acceptance.to_json() if self.acceptance else None,
+            "findings": [f.to_json() for f in self.findings],
+            "root_causes": [r.to_json() for r in self.root_causes()],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Report:
+        """The inverse of :meth:`to_json`, e.g. for a report a scheduler wrote (``status`` is derived
+        again from the findings, not read)."""
+        acceptance = d.get("acceptance")
+        return cls(
+            slots=[SlotVerdict(**s) for s in d.get("slots", [])],
+            acceptance=Acceptance(**acceptance) if acceptance else None,
+            findings=[Finding(code=Code(f["code"]), severity=Severity(f["severity"]), message=f["message"],
+                              fix=f.get("fix", ""), slot=f.get("slot"), expected=f.get("expected"),
+                              observed=f.get("observed"), details=f.get("details", {}))
+                      for f in d.get("findings", [])],
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def causes_human(self) -> list[str]:
+        """The root causes, one line each with its fix under it (what the human output leads with)."""
+        lines = []
+        for r in self.root_causes():
+            lines.append(f"[{r.severity.value}] root cause: {r.summary}")
+            if r.fix:
+                lines.append(f"  fix: {r.fix}")
+        return lines
+
+    def verdict(self) -> str:
+        """One line: what a person must do, from the first root cause (or that nothing is needed, and
+        what was not checked when an info finding says so)."""
+        causes = self.root_causes()
+        first = causes[0] if causes else None
+        more = f" ({len(causes) - 1} more cause(s) above)" if len(causes) > 1 else ""
+        if first is not None and first.severity is Severity.CRITICAL:
+            return f"verdict: fix this before relying on speculation: {first.fix or first.summary}{more}"
+        if first is not None:
+            return f"verdict: speculation is served as trained; to do: {first.fix or first.summary}{more}"
+        unchecked = next((f for f in self.findings if f.code is Code.INSUFFICIENT_DATA), None)
+        if unchecked is not None:
+            then = f"; {unchecked.fix}" if unchecked.fix else ""
+            return f"verdict: nothing to fix in what was checked, but {unchecked.message}{then}"
+        if self.slots:
+            return "verdict: nothing to do: the draft is fed what it was trained on"
+        return "verdict: nothing to do: no problem found"
+
+    def human(self, lead: bool = True) -> str:
+        """Root causes first (unless the caller printed them already), then status, slots, evidence."""
+        lines = self.causes_human() if lead else []
+        unchecked = self.status == "ok" and any(f.code is Code.INSUFFICIENT_DATA for f in self.findings)
+        lines.append(f"status: {self.status}" + (" (not everything was checked: see the info below)"
+                                                  if unchecked else ""))
+        for s in self.slots:
+            mark = "" if s.expected_source == s.observed_source else (
+                "<-- ambiguous: " if s.expected_source in (s.candidates or ())
+                else "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
+            seen = "observed" if s.distance is not None else "fed     "
+            lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "
+                         f"{s.observed_source:<10} {mark}{s.evidence()}")
+        if self.acceptance:
+            a = self.acceptance
+            rates = ", ".join(f"{r:.2f}" for r in a.per_position_rate)
+            lines.append(f"  acceptance: {a.steps} steps, mean accept length {a.mean_accept_length:.2f}"
+                         f", per-position rate [{rates}]")
+        if self.findings:
+            lines.append("  evidence:")
+        lines.extend("    " + f.one_line() for f in self.findings)
+        return "\n".join(lines)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Report, Severity
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity
+from hs_tracer.diagnosis.report import Report
 from hs_tracer_testbed import build as tb
 
 

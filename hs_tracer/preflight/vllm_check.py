@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from hs_tracer import sources as src
-from hs_tracer.diagnosis.findings import Finding, Report, Severity, SlotVerdict
+from hs_tracer.diagnosis.findings import Finding, Severity, SlotVerdict
+from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.vllm_wiring import check_vllm_wiring, wiring_record
 from hs_tracer.preflight.checkpoint import read_checkpoint
 from hs_tracer.preflight.config import read_draft_config, read_target_config

@@ -400,9 +400,12 @@ _STATE: TracerState | None = None
 
 
 def _own_targets() -> set[str]:
-    from hs_tracer.integrations.sglang.hooks import HOOKS
+    """The targets of the installed release family's hooks (the newest family's without one), as
+    the hook table is built from them."""
+    from hs_tracer.integrations.sglang import versions
 
-    return {target for target, _hook, _type in HOOKS}
+    family = versions.installed_family() or versions.FAMILIES[0]
+    return {h.target for h in family.hooks}
 
 
 def install(cfg: TracerConfig) -> TracerState:

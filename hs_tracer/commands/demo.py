@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return _run_vllm(args)
     if args.real and (args.target is not None or args.draft is not None):
-        raise UsageError("--real picks its own target and draft; pass either --real or --target/--draft")
+        raise InputError("--real picks its own target and draft; pass either --real or --target/--draft")
     scenarios = args.scenarios if args.scenarios is not None else (
         DEFAULT_SCENARIOS if args.target is None else [])
     log = None

@@ -194,7 +194,7 @@ def run_document(doc: Path, tmp: Path, timeout: int, tolerance: float | None = N
                 problems.append(f"{where}: expected 'status: {m.group(1)}'\n{out[-3000:]}")
             if m := SLOT.search(q):
                 n, trained, observed = m.groups()
-                if not re.search(rf"slot {n}: trained on {re.escape(trained)}\s+(?:observed|fed) "
+                if not re.search(rf"slot {n}: trained on {re.escape(trained)}\s+(?:observed|fed)\s+"
                                  rf"{re.escape(observed)}\b", out):
                     problems.append(f"{where}: expected slot {n} {trained} -> {observed}\n{out[-3000:]}")
     return problems

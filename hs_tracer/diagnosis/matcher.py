@@ -222,6 +222,11 @@ def match_slots(
             drifted = d_exp > thresholds.drift_factor * far_exp and tokens >= thresholds.drift_min_tokens
             verdict = "drift" if drifted else "ok"
             observed = exp_name
+        elif (e == best and d_exp > thresholds.drift_factor * far_exp
+              and tokens >= thresholds.drift_min_tokens):
+            # nearest is still the trained source, but the window moved far from every source: drift
+            # (what moved it is the cause), with the sources it can no longer tell apart
+            verdict, observed = "drift", UNKNOWN
         elif exp_name not in names:
             # the trained source is excluded: a mismatch, named exactly only when one source is left
             verdict, observed = "mismatch", names[0] if len(names) == 1 else UNKNOWN

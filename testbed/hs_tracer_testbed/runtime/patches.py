@@ -56,7 +56,9 @@ def register_mla_handlers(module: ModuleType) -> None:
 def override_amx_platform_fact(module: ModuleType) -> None:
     # Installed without probing first: the probe imports sglang.srt.utils.common, which is
     # usually still initialising (it imports runtime_context) when this hook runs.
-    module.override_platform(has_amx=True).install()
+    override = getattr(module, "override_platform", None)  # releases before 0.5.19 have none
+    if override is not None:
+        override(has_amx=True).install()
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ def test_each_worker_is_traced_without_changing_tokens(engines, worker: str) -> 
     assert run.output_ids("lossless") == engines["plain"].output_ids("lossless")  # greedy EAGLE is lossless
     report = run.report
     assert report["enabled"], report["disabled_reason"]
-    assert {h.target for h in FAMILY.hooks_for(worker)} <= set(report["hooks_applied"])
+    assert {h.target for h in FAMILY.hooks_here(worker)} <= set(report["hooks_applied"])
     assert report["wiring"]["sglang_version"] == versions.installed_version()
     assert report["probes"]["decode_steps"] > 0 and report["probes"]["prefill_steps"] > 0
     diag = run.diagnosis_after("diagnosis")

@@ -226,8 +226,7 @@ def _installed_hooks() -> list[tuple[str, Any, HookType]]:
     """(target, guarded hook, type) of the installed release's family (the newest without one); a
     model body whose module cannot be imported here is left out (none of its models can be served)."""
     family = versions.installed_family() or versions.FAMILIES[0]
-    return [(h.target, _guarded(h), HookType(h.type)) for h in family.hooks
-            if not h.optional or versions.importable(h.target)]
+    return [(h.target, _guarded(h), HookType(h.type)) for h in family.hooks_here()]
 
 
 def _guarded(h: versions.Hook) -> Any:

@@ -74,6 +74,12 @@ class ReleaseFamily:
     def hooks_for(self, worker: str) -> tuple[Hook, ...]:
         return tuple(h for h in self.hooks if h.worker in ("", worker))
 
+    def hooks_here(self, worker: str | None = None) -> tuple[Hook, ...]:
+        """The hooks that register in this process (the worker's, or every worker's): a model body
+        whose module cannot be imported here is left out, as none of its models can be served."""
+        hooks = self.hooks if worker is None else self.hooks_for(worker)
+        return tuple(h for h in hooks if not h.optional or importable(h.target))
+
 
 _V2_WORKER_HOOKS = (
     Hook(f"{_V2}.init_lm_head", "after", f"{_HOOKS}:after_init_lm_head",
@@ -411,9 +417,7 @@ def _changed_reads(family: ReleaseFamily) -> list[str]:
     SGLang module imported so far (a rename removes the old name)."""
     package: set[str] | None = None
     found = []
-    for hook in family.hooks:
-        if hook.optional and not importable(hook.target):
-            continue
+    for hook in family.hooks_here():
         fn = pkgutil.resolve_name(hook.target)
         module = sys.modules.get(fn.__module__)
         try:
@@ -540,11 +544,8 @@ def _missing(family: ReleaseFamily) -> list[str]:
     except (ImportError, AttributeError) as exc:
         found.append(f"the scheduler process entry {module}.{function} is missing ({type(exc).__name__}): "
                      "SGLang starts schedulers elsewhere now")
-    optional = {h.target for h in family.hooks if h.optional}
-    for target in sorted({h.target for h in family.hooks}):
+    for target in sorted({h.target for h in family.hooks_here()}):
         params = {p for h in family.hooks if h.target == target for p in h.params}
-        if target in optional and not importable(target):
-            continue
         try:
             fn = pkgutil.resolve_name(target)
         except (ImportError, AttributeError) as exc:

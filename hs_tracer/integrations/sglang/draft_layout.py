@@ -33,27 +33,37 @@ LAYOUTS: dict[str, DraftLayout] = {
     "Eagle3DeepseekV2ForCausalLM": DraftLayout(fc_width="input_size", norms=("fc_norm",)),
 }
 
-# Older release families' classes differ (keyed by family name, :mod:`.versions`): their
-# LlamaForCausalLMEagle3 has fc_norm but no input_norm attribute at all (before 0.5.17); 0.5.11's has
-# neither norm nor num_aux_hidden_states, and 0.5.12's Eagle3DeepseekV2ForCausalLM (an nn.Linear fc,
-# no fc_norm, no num_aux_hidden_states) is read leniently; from 0.5.13 to 0.5.15 that class has
-# fc_norm and num_aux_hidden_states with an nn.Linear fc (in_features).
+# Older releases' classes differ, and on other releases than the hook families do (the layouts of
+# the newest release at or before the installed one apply): LlamaForCausalLMEagle3 has fc_norm but
+# no input_norm attribute at all before 0.5.17, and 0.5.11's has neither norm nor
+# num_aux_hidden_states; 0.5.12's Eagle3DeepseekV2ForCausalLM (an nn.Linear fc, no fc_norm, no
+# num_aux_hidden_states) is read leniently; in 0.5.13 and 0.5.14 that class has fc_norm and
+# num_aux_hidden_states with an nn.Linear fc (in_features), from 0.5.15 on a ColumnParallelLinear.
 _LLAMA_FC_NORM_ONLY = DraftLayout(fc_width="in_features", norms=("fc_norm",))
-FAMILY_LAYOUTS: dict[str, dict[str, DraftLayout]] = {
-    "0.5.16": {**LAYOUTS, "LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY},
-    "0.5.13": {"LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY,
-               "Eagle3DeepseekV2ForCausalLM": DraftLayout(fc_width="in_features", norms=("fc_norm",))},
-    "0.5.12": {"LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY},
-    "0.5.11": {},
-}
+LAYOUTS_SINCE: tuple[tuple[str, dict[str, DraftLayout]], ...] = (
+    ("0.5.17", LAYOUTS),
+    ("0.5.15", {**LAYOUTS, "LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY}),
+    ("0.5.13", {"LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY,
+                "Eagle3DeepseekV2ForCausalLM": DraftLayout(fc_width="in_features", norms=("fc_norm",))}),
+    ("0.5.12", {"LlamaForCausalLMEagle3": _LLAMA_FC_NORM_ONLY}),
+    ("0.5.11", {}),
+)
+
+
+def _key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
 
 
 def installed_layouts() -> dict[str, DraftLayout]:
-    """The draft classes' layouts of the installed SGLang release's family."""
-    from hs_tracer.integrations.sglang.versions import installed_family
+    """The draft classes' layouts of the installed SGLang release (a release newer than every known
+    one: the newest layouts, as its version guard checks it against the newest family)."""
+    from hs_tracer.integrations.sglang.versions import installed_family, installed_version, release_of
 
-    family = installed_family()
-    return FAMILY_LAYOUTS.get(family.name, LAYOUTS) if family is not None else LAYOUTS
+    version = installed_version()
+    if version is None or installed_family() is None:
+        return LAYOUTS
+    release = _key(release_of(version))
+    return next((layouts for since, layouts in LAYOUTS_SINCE if _key(since) <= release), LAYOUTS)
 
 
 _ALL_NORMS = ("input_norm", "fc_norm")

@@ -42,7 +42,12 @@ def test_each_worker_is_traced_without_changing_tokens(engines, worker: str) -> 
     assert run.output_ids("lossless") == engines["plain"].output_ids("lossless")  # greedy EAGLE is lossless
     report = run.report
     assert report["enabled"], report["disabled_reason"]
-    assert {h.target for h in FAMILY.hooks_here(worker)} <= set(report["hooks_applied"])
+    # every hook of the worker; of the model bodies, those whose module imports in the scheduler
+    # process (a model module that needs a kernel op the CPU build lacks is left out there)
+    applied = set(report["hooks_applied"])
+    assert {h.target for h in FAMILY.hooks_for(worker) if not h.optional} <= applied
+    assert applied <= {h.target for h in FAMILY.hooks}
+    assert report["capture"]["layers_in_order"]  # the served model's body hook ran
     assert report["wiring"]["sglang_version"] == versions.installed_version()
     assert report["probes"]["decode_steps"] > 0 and report["probes"]["prefill_steps"] > 0
     diag = run.diagnosis_after("diagnosis")

@@ -139,3 +139,31 @@ def test_layers_right_by_the_engine_record_keep_the_cause_on_the_vocabulary() ->
                        engine_layers_checked=True).root_causes()[0].cause == "layer_ids"
     # without the engine's record (a capture on disk) the statistics are the only evidence
     assert live_report([], judged, COLLAPSED, profile, {}).root_causes()[0].cause == "features"
+
+
+def test_the_engine_record_settles_an_ambiguous_slot_once_the_acceptance_is_judged() -> None:
+    """A window that admits the trained source and a neighbour, with the engine's layers_to_capture
+    matching the profile: info (the record decides) once the acceptance is judged and healthy; a
+    warning before that; with a collapse the acceptance is critical, never ``ok``."""
+    from hs_tracer.profile.model import Profile
+
+    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
+    either = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.WARNING, "slot 0 carries block:1 or block:0",
+                     "collect a longer window", slot=0, expected="block:0", observed="unknown",
+                     details={"candidates": ["block:1", "block:0"]})
+    judged = Report(slots=[SlotVerdict(0, "block:0", "unknown", 0.5, candidates=["block:1", "block:0"])],
+                    findings=[either])
+
+    def report(acceptance: Acceptance, checked: bool = True) -> Report:
+        return live_report([], judged, acceptance, profile, {}, engine_layers_checked=checked)
+
+    settled = report(HEALTHY)
+    assert settled.status == "ok" and settled.exit_code == 0, settled.findings
+    (f,) = settled.findings
+    assert f.severity is Severity.INFO and "carries its trained source" in f.message
+    early = report(Acceptance(steps=20, mean_accept_length=2.8, per_position_rate=[0.72, 0.58, 0.5]))
+    assert early.status == "warning" and "(20 so far)" in early.findings[0].message
+    collapsed = report(COLLAPSED)
+    assert collapsed.status != "ok" and collapsed.exit_code == 1
+    # without the engine's record (a capture on disk) the statistics alone leave it ambiguous
+    assert report(HEALTHY, checked=False).status == "warning"

@@ -70,8 +70,15 @@ def live_report(
         findings = [replace(f, severity=Severity.WARNING, message=f"{f.message}. {LAYERS_RIGHT}")
                     if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.CRITICAL else f
                     for f in findings]
-        # A window that cannot tell the trained source from a neighbour is decided by that record.
-        findings = [replace(f, severity=Severity.INFO, fix="", message=f"{f.message}. {RECORD_DECIDES}")
+        # A window that cannot tell the trained source from a neighbour is decided by that record once
+        # the acceptance is judged (a collapse is then critical on its own): before that, nothing live
+        # shows speculation working, and the ambiguity stays a warning.
+        th = thresholds or AcceptanceThresholds()
+        steps = acceptance.steps if acceptance is not None else 0
+        pending = (f"The engine's own layers_to_capture matches the profile; the acceptance is judged from "
+                   f"{th.min_steps} verify steps ({steps} so far)")
+        findings = [(replace(f, severity=Severity.INFO, fix="", message=f"{f.message}. {RECORD_DECIDES}")
+                     if steps >= th.min_steps else replace(f, message=f"{f.message}. {pending}"))
                     if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.WARNING
                     and f.expected in f.details.get("candidates", ()) else f for f in findings]
         judged = replace(judged, findings=[f for f in judged.findings

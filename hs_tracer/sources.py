@@ -31,6 +31,7 @@ from functools import total_ordering
 from typing import Any
 
 from hs_tracer.errors import InputError
+from hs_tracer.sglang_releases import layer_id_rules
 
 EMBEDDING = "embedding"
 FINAL_NORM = "final_norm"
@@ -150,7 +151,8 @@ C_IN_CONVENTIONS = frozenset(
 
 class Family(str, enum.Enum):
     """SGLang ``set_eagle3_layers_to_capture`` rules (draft-config ids -> ``layers_to_capture``); the
-    DeepSeek and gpt-oss rules depend on the release (:class:`LayerIdRules`), the others do not."""
+    DeepSeek and gpt-oss rules depend on the release (its family's ``layer_id_rules`` in
+    :mod:`hs_tracer.sglang_releases`), the others do not."""
 
     LLAMA = "llama"  # Llama, Qwen2/3(-MoE/-Next/-VL), GLM4-MoE, Gemma, MiniMax-M2/M3, ...: always +1
     DEEPSEEK = "deepseek"  # DeepSeek-V2/V3/V3.2, Kimi-K2/K2.5, GLM-MoE-DSA, GLM4-MoE-Lite: +1 iff ids[0]==1
@@ -166,61 +168,6 @@ class Family(str, enum.Enum):
         except ValueError:
             names = ", ".join(f.value for f in cls)
             raise InputError(f"unknown model family {text!r}; use one of: {names}") from None
-
-
-@dataclass(frozen=True)
-class LayerIdRules:
-    """How a range of SGLang releases turns draft-config ids into what the target captures.
-
-    Read from each release's ``set_eagle3_layers_to_capture`` and model loops (docs/versions.md).
-    """
-
-    first: str  # oldest release of the range
-    last: str  # newest release of the range
-    deepseek_first_id_rule: bool  # DeepSeek family: +1 only when ids[0] == 1 (else +1 to every id)
-    gpt_oss_final_boundary: bool  # gpt-oss: ids kept when max(ids) == N, id N captured at the final norm
-    deepseek_packer: bool  # DeepSeek family: fewer captures than ids raise at the first forward
-
-    @property
-    def releases(self) -> str:
-        return self.first if self.first == self.last else f"{self.first}-{self.last}"
-
-    def covers(self, version: str) -> bool:
-        return _release_key(self.first) <= _release_key(version) <= _release_key(self.last)
-
-
-# Oldest first. Ranges are the releases whose source was read; a release outside them is refused
-# rather than guessed.
-SGLANG_LAYER_ID_RULES: tuple[LayerIdRules, ...] = (
-    LayerIdRules("0.5.9", "0.5.12", deepseek_first_id_rule=False, gpt_oss_final_boundary=False,
-                 deepseek_packer=False),
-    LayerIdRules("0.5.13", "0.5.16", deepseek_first_id_rule=True, gpt_oss_final_boundary=False,
-                 deepseek_packer=False),
-    LayerIdRules("0.5.17", "0.5.23", deepseek_first_id_rule=True, gpt_oss_final_boundary=True,
-                 deepseek_packer=True),
-)
-NEWEST_SGLANG = SGLANG_LAYER_ID_RULES[-1].last
-
-_RELEASE_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post\d+)?$")
-
-
-def _release_key(version: str) -> tuple[int, int, int]:
-    m = _RELEASE_RE.match(version.strip())
-    if m is None:
-        raise InputError(f"not an SGLang release number: {version!r} (expected e.g. 0.5.12 or 0.5.23.post1)")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
-
-
-def layer_id_rules(sglang_version: str | None = None) -> LayerIdRules:
-    """The layer-id rules of an SGLang release (``.postN`` counts as its release; None: the newest)."""
-    if sglang_version is None:
-        return SGLANG_LAYER_ID_RULES[-1]
-    _release_key(sglang_version)
-    for rules in SGLANG_LAYER_ID_RULES:
-        if rules.covers(sglang_version):
-            return rules
-    known = ", ".join(r.releases for r in SGLANG_LAYER_ID_RULES)
-    raise InputError(f"hs_tracer has not read SGLang {sglang_version}'s layer-id rules (known: {known})")
 
 
 # Architectures (HF config ``architectures[0]``) whose SGLang 0.5.23 class uses a non-Llama rule.
@@ -310,7 +257,7 @@ class SGLangCapture:
     ``sources`` is in slot order: the model loop appends in ascending layer order whatever the list
     order, each layer once. ``unreachable`` ids are never visited by the loop (so silently not
     captured); ``duplicates`` are captured once. On the DeepSeek family of releases with the packer
-    (:attr:`LayerIdRules.deepseek_packer`) it expects ``len(layers_to_capture)`` captures and raises
+    (its family's ``deepseek_packer``) it expects ``len(layers_to_capture)`` captures and raises
     at the first forward when fewer arrive; older releases feed the fewer states.
     """
 
@@ -472,7 +419,11 @@ class VLLMLayerIdRules:
         return self.first if self.first == self.last else f"{self.first}-{self.last}"
 
     def covers(self, version: str) -> bool:
-        return _release_key(self.first) <= _release_key(version) <= _release_key(self.last)
+        return _vllm_key(self.first) <= _vllm_key(version) <= _vllm_key(self.last)
+
+
+def _vllm_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
 
 
 VLLM_LAYER_ID_RULES: tuple[VLLMLayerIdRules, ...] = (VLLMLayerIdRules("0.32.0", "0.32.0"),)
@@ -483,6 +434,7 @@ VLLM_TOP_LEVEL = "eagle_aux_hidden_state_layer_ids"
 VLLM_NESTED = "eagle_config.eagle_aux_hidden_state_layer_ids"
 VLLM_DFLASH = "dflash_config.target_layer_ids"
 VLLM_DEFAULT = "default"
+_VLLM_RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+$")
 
 
 def vllm_layer_id_rules(vllm_version: str | None = None) -> VLLMLayerIdRules:
@@ -491,7 +443,7 @@ def vllm_layer_id_rules(vllm_version: str | None = None) -> VLLMLayerIdRules:
         return VLLM_LAYER_ID_RULES[-1]
     release = re.sub(r"(\+.*|\.post\d+)$", "", vllm_version.strip())
     for rules in VLLM_LAYER_ID_RULES:
-        if _RELEASE_RE.match(release) and rules.covers(release):
+        if _VLLM_RELEASE_RE.match(release) and rules.covers(release):
             return rules
     known = ", ".join(r.releases for r in VLLM_LAYER_ID_RULES)
     raise InputError(f"vLLM {vllm_version} is not supported: hs_tracer knows the layer-id rules of vLLM "

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hs_tracer import sglang_releases
 from hs_tracer.integrations.sglang import versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,8 +104,8 @@ class EngineSpec:
 # The installed SGLang release's family (docs/versions.md): an older release (a layer venv beside
 # .venv, which holds the newest) runs fewer, smaller engines.
 FAMILY = versions.installed_family()
-OLDER_RELEASE = FAMILY is not None and versions.release_of(versions.installed_version() or "") != \
-    versions.NEWEST_RELEASE
+OLDER_RELEASE = FAMILY is not None and sglang_releases.release_of(versions.installed_version() or "") != \
+    sglang_releases.NEWEST_RELEASE
 _TREE = {"spec_steps": 3, "topk": 2, "num_draft_tokens": 6}
 
 # The fault-injection engines: one real-engine fault per hook kind (every hook is faulted in-process on
@@ -120,7 +121,7 @@ if OLDER_RELEASE and "V1" in FAMILY.workers:
         "per-step after": ("EAGLEWorker.forward_batch_generation", {"env": _V1}),
     }
 else:
-    _ACCEPT_HOOK = next(h.name for h in (FAMILY or versions.FAMILIES[0]).hooks
+    _ACCEPT_HOOK = next(h.name for h in (FAMILY or sglang_releases.FAMILIES[0]).hooks
                         if h.type == "after" and h.params == ("result", "batch"))
     FAULT_ENGINES = {
         "startup": ("EagleDraftWorker.init_lm_head", {"spec_steps": 1}),

@@ -38,10 +38,11 @@ def test_capture_metadata_hooks_cover_every_model_body_of_the_release() -> None:
     # that defines the forward (a hook on an inherited forward would wrap the base class's twice).
     import importlib.util
 
+    from hs_tracer import sglang_releases
     from hs_tracer.integrations.sglang import versions
 
     family = versions.installed_family()
-    assert family is versions.family_for("0.5.23")  # the older releases run their own test modules
+    assert family is sglang_releases.family_for("0.5.23")  # the older releases run their own test modules
     models = Path(importlib.util.find_spec("sglang.srt.models").submodule_search_locations[0])
     hooked = {h.target.removeprefix("sglang.srt.models.").removesuffix(".forward")
               for h in family.hooks if h.optional}

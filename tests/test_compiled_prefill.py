@@ -20,7 +20,8 @@ from hs_tracer.integrations.sglang import hooks, state
 
 MODEL = SimpleNamespace(layers_to_capture=[2, 4, 5], start_layer=0, end_layer=8)
 # The capture hook as the plugin registers it on DeepseekV2Model.forward (guarded under that name).
-CAPTURE_HOOK = next(fn for target, fn, _ty in hooks.HOOKS if target.endswith(".DeepseekV2Model.forward"))
+CAPTURE_HOOK = next(fn for target, fn, _ty in hooks.hook_table()
+                    if target.endswith(".DeepseekV2Model.forward"))
 
 
 def body(model: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +63,7 @@ def test_eager_calls_still_record(tracer) -> None:
 
 def test_a_body_returning_a_list_of_states_records_their_total_width(tracer) -> None:
     # Llama, Qwen and most other bodies return their aux states as a list, not packed.
-    llama_hook = next(fn for target, fn, _ty in hooks.HOOKS if target.endswith(".LlamaModel.forward"))
+    llama_hook = next(fn for target, fn, _ty in hooks.hook_table() if target.endswith(".LlamaModel.forward"))
     wrapped = _wrap_fn(lambda m, x: (x, [x, x[:, :2]]), llama_hook, HookType.AFTER)
     wrapped(SimpleNamespace(layers_to_capture=[7, 3], start_layer=0, end_layer=8), torch.ones(2, 4))
     wrapped(SimpleNamespace(layers_to_capture=[7, 3], start_layer=0, end_layer=8), torch.ones(2, 4))

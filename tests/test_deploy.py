@@ -447,23 +447,24 @@ def test_serving_flags_parse_with_the_installed_sglang(compose: dict[str, Any],
 def test_deploy_doc_for_an_existing_fleet() -> None:
     """docs/deploy.md's Part 0: every supported release in its matrix, every HS_TRACER_* variable, and
     the log lines it quotes are the ones the code writes."""
-    from hs_tracer import config
+    from hs_tracer import config, sglang_releases
     from hs_tracer.inputs import env
     from hs_tracer.integrations.sglang import hooks, versions
 
     doc = (ROOT / "docs/deploy.md").read_text()
     part0 = doc[doc.index("## Part 0"):doc.index("## Part 1")]
-    for release in versions.SUPPORTED_VERSIONS:
+    for release in sglang_releases.SUPPORTED_VERSIONS:
         assert f"| SGLang | {release}, {release}.postN | yes" in part0, release
     for name in config.VARIABLES:
         assert f"`{name}" in part0, name
     version = versions.installed_version()
     assert versions.installed_family() is not None
-    assert f"hs_tracer: {versions.support(version)}; {len(hooks.HOOKS)} hooks registered\n" in part0
+    registered = len(hooks.hook_table())
+    assert f"hs_tracer: {sglang_releases.support(version)}; {registered} hooks registered\n" in part0
     _cfg, line = env.validate({"HS_TRACER": "1", "HS_TRACER_CAPTUR_DIR": "/x"})
     assert f"{line}\n" in part0
     unsupported = (f"hs_tracer: tracing stays off: sglang 0.5.10 is not a supported release "
-                   f"({versions.supported_text()})")
+                   f"({sglang_releases.supported_text()})")
     assert f"{unsupported}\n" in part0
     assert "hs_tracer: tracing on (tp 0, pp 0, dp 0): " in part0 and "dashboards push" in part0
     assert "'hs_tracer[dashboards]'" in part0 and "Import" in part0 and "--runbook-base" in part0

@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from hs_tracer.integrations.sglang.draft_layout import LAYOUTS
+from hs_tracer.sglang_releases import FAMILIES
 from hs_tracer_testbed import kimi
 from hs_tracer_testbed.build import ASSETS
+
+LAYOUTS = FAMILIES[0].draft_layouts  # the newest family's, which this module builds
 
 CHILD = r"""
 import json, sys

@@ -128,6 +128,9 @@ def test_moe_align_block_size_follows_the_plus_one_contract(seed: int) -> None:
 
 
 # ---- the stand-in package, fallbacks and patches, as SGLang's processes see them -----------------
+# The hooks that run once while SGLang starts (by target method name): left unarmed.
+STARTUP_METHODS = ("resolve_spec_aux_hidden_state_config", "init_attention_backends", "init_lm_head",
+                   "init_cuda_graphs")
 STANDIN_PROBE = """
     import importlib, json, sys
     import torch
@@ -156,8 +159,9 @@ STANDIN_PROBE = """
     out["dual_gemm_mode"] = DualGemm._select_mode(None, None, 7168)
     from sglang.srt.distributed.device_communicators.triton_symm_mem_ag import MultimemAllGatherer
     out["multimem_state"] = repr(MultimemAllGatherer(128, enabled=True)._state)
-    from hs_tracer.integrations.sglang import hooks
-    out["hooks_wrapped"] = [h.__hs_tracer_where__ for _t, h, _k in hooks.HOOKS
+    from hs_tracer.integrations.sglang import hooks, plugin
+    table = hooks.hook_table(wrap=plugin.register.keywords["wrap"])  # the entry point SGLang calls
+    out["hooks_wrapped"] = [h.__hs_tracer_where__ for _t, h, _k in table
                             if getattr(h, "__hs_tracer_sync_checked__", False)]
     print("RESULT " + json.dumps(out))
 """
@@ -182,11 +186,11 @@ def test_sitecustomize_applies_the_gpu_runtime_in_a_fresh_process() -> None:
     assert out["multimem_state"] == "None"  # NCCL fallback, multicast never tried
     from hs_tracer.integrations.sglang import hooks
 
-    serving = [h.__hs_tracer_where__ for t, h, _k in hooks.HOOKS
-               if t.rsplit(".", 1)[-1] not in patches.STARTUP_HOOKS]
+    serving = [h.__hs_tracer_where__ for t, h, _k in hooks.hook_table()
+               if t.rsplit(".", 1)[-1] not in STARTUP_METHODS]
     # per step: the draft's input (prefill, decode), the accept lengths, the logits; at graph capture:
     # every importable model body that captures aux states
-    bodies = [t for t, _h, _k in hooks.HOOKS if t.startswith("sglang.srt.models.")]
+    bodies = [t for t, _h, _k in hooks.hook_table() if t.startswith("sglang.srt.models.")]
     assert out["hooks_wrapped"] == serving and bodies and len(serving) == 4 + len(bodies)
 
 
@@ -259,20 +263,25 @@ def test_sync_checked_arms_error_mode_only_around_the_hook_and_restores_it_on_er
     assert calls == ["error", "hook 3", "default", "error", "hook -1", "default"]
 
 
-def test_arm_sync_debug_wraps_the_serving_time_hooks_in_place() -> None:
+def test_arm_sync_debug_gives_the_plugin_a_wrap_that_arms_the_serving_time_hooks() -> None:
     from hs_tracer.integrations.sglang import hooks
 
-    module = types.SimpleNamespace(HOOKS=list(hooks.HOOKS))
+    calls: list[Any] = []
+    module = types.SimpleNamespace(register=lambda wrap=None: calls.append(wrap))
     patches.arm_sync_debug(module)
-    assert [(t, k) for t, _h, k in module.HOOKS] == [(t, k) for t, _h, k in hooks.HOOKS]
-    for (target, new, _k), (_t, orig, _k2) in zip(module.HOOKS, hooks.HOOKS, strict=True):
-        startup = target.rsplit(".", 1)[-1] in patches.STARTUP_HOOKS
-        assert (new is orig) if startup else (new.__wrapped__ is orig), target
-    bodies = [t for t, _h, _k in hooks.HOOKS if t.startswith("sglang.srt.models.")]
-    assert bodies and sum(new is not orig for (_t, new, _k), (_t2, orig, _k2)
-                          in zip(module.HOOKS, hooks.HOOKS, strict=True)) == 4 + len(bodies)
-    assert "hs_tracer.integrations.sglang.hooks" not in patches.patches({})
-    assert "hs_tracer.integrations.sglang.hooks" in patches.patches({patches.SYNC_DEBUG_FLAG: "1"})
+    module.register()  # as SGLang calls the entry point: without arguments
+    (wrap,) = calls
+    plain, armed = hooks.hook_table(), hooks.hook_table(wrap=wrap)
+    assert [(t, k) for t, _h, k in armed] == [(t, k) for t, _h, k in plain]
+    for (target, new, _k), (_t, orig, _k2) in zip(armed, plain, strict=True):
+        checked = getattr(new, "__hs_tracer_sync_checked__", False)
+        assert checked is (target.rsplit(".", 1)[-1] not in STARTUP_METHODS), target
+        assert new.__hs_tracer_where__ == orig.__hs_tracer_where__
+    bodies = [t for t, _h, _k in plain if t.startswith("sglang.srt.models.")]
+    assert bodies and sum(getattr(new, "__hs_tracer_sync_checked__", False)
+                          for _t, new, _k in armed) == 4 + len(bodies)
+    assert patches.PLUGIN_MODULE not in patches.patches({})
+    assert patches.PLUGIN_MODULE in patches.patches({patches.SYNC_DEBUG_FLAG: "1"})
 
 
 def test_narrow_mla_decode_loads_v_itself_only_where_the_latent_tile_is_wider() -> None:

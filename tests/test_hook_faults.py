@@ -1,4 +1,4 @@
-"""An exception inside any of hs_tracer's hooks never reaches SGLang: every hook of ``hooks.HOOKS``,
+"""An exception inside any of hs_tracer's hooks never reaches SGLang: every hook of ``hooks.hook_table()``,
 registered on its real SGLang target through SGLang's real ``HookRegistry`` (as the plugin does, and as
 SGLang's own HookRegistry tests exercise it), with ``HS_TRACER_FAULT_INJECT`` naming that hook.
 
@@ -23,9 +23,10 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import state
-from hs_tracer.integrations.sglang.hooks import HOOKS
+from hs_tracer.integrations.sglang.hooks import hook_table
 from tests.engine_runs import FAMILY, FAULT_ENGINES, OLDER_RELEASE
 
+HOOKS = hook_table()
 WHERE = {hook.__hs_tracer_where__: (target, hook, ty) for target, hook, ty in HOOKS}
 
 

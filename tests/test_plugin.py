@@ -77,6 +77,7 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
     import tempfile, traceback
     from pathlib import Path
     from sglang.srt.plugins.hook_registry import HookRegistry
+    from hs_tracer import sglang_releases
     from hs_tracer.integrations.sglang import draft_layout, plugin, state, versions
 
     results = {}
@@ -114,10 +115,10 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
     def post_release():
         # V.post1 keeps V's internals: the guard checks that family's real targets and passes.
         real = versions.installed_version
-        release = versions.release_of(real())
+        release = sglang_releases.release_of(real())
         try:
             versions.installed_version = lambda: release + ".post1"
-            assert versions.installed_family() is versions.family_for(release)
+            assert versions.installed_family() is sglang_releases.family_for(release)
             assert versions.problems() == [], versions.problems()
             versions.installed_version = lambda: release + "rc1"
             assert "not a supported release" in versions.problems()[0]
@@ -196,16 +197,16 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
         handler.emit = lambda record: lines.append(record.getMessage())
         logging.getLogger("hs_tracer").addHandler(handler)
         try:
-            assert versions.installed_version() == "0.5.99" and versions.is_untested("0.5.99")
-            assert versions.installed_family() is versions.FAMILIES[0]
+            assert versions.installed_version() == "0.5.99" and sglang_releases.is_untested("0.5.99")
+            assert versions.installed_family() is sglang_releases.FAMILIES[0]
             HookRegistry.reset()
             plugin.register()
         finally:
             sys.path.remove(fake)
         (line,) = [m for m in lines if "sglang 0.5.99" in m]
-        if versions.family_for(real) is versions.FAMILIES[0]:
+        if sglang_releases.family_for(real) is sglang_releases.FAMILIES[0]:
             assert "untested release" in line and "hooks registered" in line, line
-            newest = versions.FAMILIES[0].hooks_here()
+            newest = versions.hooks_here(sglang_releases.FAMILIES[0])
             assert sorted(HookRegistry._hooks) == sorted({h.target for h in newest})
             return "traced: " + line
         assert line.startswith("hs_tracer: tracing stays off for this SGLang: "), line
@@ -236,16 +237,18 @@ def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch
     # does run (launcher, tokenizer), reading SGLang's source without importing it.
     import dataclasses
 
+    from hs_tracer import sglang_releases
     from hs_tracer.integrations.sglang import plugin, versions
 
     family = versions.installed_family()
     assert plugin._entry_problem() is None
     renamed = dataclasses.replace(family, scheduler_entry=(family.scheduler_entry[0], "run_scheduler_v2"))
-    monkeypatch.setattr(versions, "family_for", lambda _v: renamed)
+    monkeypatch.setattr(sglang_releases, "family_for", lambda _v: renamed)
     assert "no scheduler entry sglang.srt.managers.scheduler.run_scheduler_v2" in plugin._entry_problem()
-    monkeypatch.setattr(versions, "family_for", lambda _v: None)
+    monkeypatch.setattr(sglang_releases, "family_for", lambda _v: None)
     assert "not a supported release" in plugin._entry_problem()
-    monkeypatch.setattr(versions, "family_for", lambda _v: family)  # a newer release, checked as the newest
+    # a newer release, checked as the newest
+    monkeypatch.setattr(sglang_releases, "family_for", lambda _v: family)
     assert plugin._entry_problem() is None
 
 
@@ -258,30 +261,32 @@ def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch
 ])
 def test_release_families_accept_post_releases_and_check_newer_ones(version: str | None,
                                                                     family: str | None) -> None:
-    from hs_tracer.integrations.sglang import versions
+    from hs_tracer import sglang_releases
 
-    found = versions.family_for(version)
+    found = sglang_releases.family_for(version)
     assert (found.name if found else None) == family
-    assert versions.is_untested(version) is (family is not None and version is not None
-                                             and version.split(".post")[0] not in versions.SUPPORTED_VERSIONS)
-    assert ("untested" in versions.support(version)) is versions.is_untested(version)
+    assert sglang_releases.is_untested(version) is (
+        family is not None and version is not None
+        and version.split(".post")[0] not in sglang_releases.SUPPORTED_VERSIONS)
+    assert ("untested" in sglang_releases.support(version)) is sglang_releases.is_untested(version)
 
 
 def test_every_release_from_0_5_11_to_0_5_23_is_in_one_family() -> None:
-    from hs_tracer.integrations.sglang import versions
+    from hs_tracer import sglang_releases
 
     releases = [f"0.5.{n}" for n in range(11, 24)]
-    assert sorted(versions.SUPPORTED_VERSIONS, key=lambda r: int(r.split(".")[2])) == releases
-    assert versions.NEWEST_RELEASE == "0.5.23" and versions.FAMILIES[0].releases[-1] == "0.5.23"
+    assert sorted(sglang_releases.SUPPORTED_VERSIONS, key=lambda r: int(r.split(".")[2])) == releases
+    assert sglang_releases.NEWEST_RELEASE == "0.5.23"
+    assert sglang_releases.FAMILIES[0].releases[-1] == "0.5.23"
 
 
 def test_every_hook_of_every_family_resolves_and_is_named_once() -> None:
     import inspect
     import pkgutil
 
-    from hs_tracer.integrations.sglang import versions
+    from hs_tracer import sglang_releases
 
-    for family in versions.FAMILIES:
+    for family in sglang_releases.FAMILIES:
         assert len({h.name for h in family.hooks}) == len(family.hooks), family.name
         for hook in family.hooks:
             handler = pkgutil.resolve_name(hook.handler)

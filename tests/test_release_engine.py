@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from hs_tracer import sources
+from hs_tracer import sglang_releases, sources
 from hs_tracer.integrations.sglang import versions
 from tests.engine_runs import FAMILY, OLDER_RELEASE, EngineResult
 
@@ -68,7 +68,8 @@ def test_layer_id_rule_of_the_installed_release_through_the_engine(engines) -> N
     # what the draft is really fed, as the fingerprints of its input say
     assert [slot["observed_source"] for slot in run.diagnosis_after("diagnosis")["slots"]] == want.sources
     # the same ids feed other layers on the releases with the other DeepSeek rule
-    other = "0.5.12" if sources.layer_id_rules(version).deepseek_first_id_rule else sources.NEWEST_SGLANG
+    newest = sglang_releases.NEWEST_RELEASE
+    other = "0.5.12" if sglang_releases.layer_id_rules(version).deepseek_first_id_rule else newest
     assert sources.sglang_layers_to_capture(ids, sources.Family.DEEPSEEK, n,
                                             sglang_version=other) != want.layers_to_capture
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_id_rules
 from hs_tracer.sources import (
     EMBEDDING,
     FINAL_NORM,
-    NEWEST_SGLANG,
     Convention,
     Family,
     Source,
@@ -19,7 +19,6 @@ from hs_tracer.sources import (
     family_of,
     from_sources,
     id_to_source,
-    layer_id_rules,
     sglang_capture,
     sglang_layers_to_capture,
     sglang_sources,
@@ -314,7 +313,7 @@ def test_gpt_oss_final_boundary_and_deepseek_packer_arrived_in_0_5_17() -> None:
 
 
 def test_release_defaults_to_the_newest_and_unknown_releases_are_refused() -> None:
-    assert layer_id_rules() == layer_id_rules(NEWEST_SGLANG) == layer_id_rules("0.5.23.post2")
+    assert layer_id_rules() == layer_id_rules(NEWEST_RELEASE) == layer_id_rules("0.5.23.post2")
     for bad in ("0.5.8", "0.5.24", "0.6.0"):
         with pytest.raises(ValueError, match="has not read SGLang"):
             layer_id_rules(bad)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     spec = _sglang_resolution(requested, args.target, args.draft) if args.sglang_resolve else None
     result = runner.run_check(args.draft, args.target, profile=args.profile, server_args=requested,
                               spec=spec, sglang_version=version)
-    from hs_tracer.integrations.sglang.versions import support
+    from hs_tracer.sglang_releases import support
 
     result.summary["engine"]["support"] = support(version)  # whether the tracer runs on that release
     if args.json:
@@ -135,18 +135,18 @@ def human(result, verbose: bool = False) -> str:
 def _sglang_version(args: argparse.Namespace) -> str:
     """The release to check against: --sglang-version, --engine sglang==V, the installed SGLang, or
     the newest release whose layer-id rules hs_tracer knows."""
-    from hs_tracer import sources
     from hs_tracer.errors import InputError
     from hs_tracer.integrations.sglang.versions import installed_version
+    from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_id_rules
 
     name, _, pinned = args.engine.replace(" ", "").partition("==")
     if name != "sglang":
         raise InputError(f"--engine {args.engine} is not supported; this release checks against sglang")
     if args.sglang_version and pinned and args.sglang_version != pinned:
         raise InputError(f"--engine {args.engine} and --sglang-version {args.sglang_version} disagree")
-    version = args.sglang_version or pinned or installed_version() or sources.NEWEST_SGLANG
+    version = args.sglang_version or pinned or installed_version() or NEWEST_RELEASE
     try:
-        sources.layer_id_rules(version)
+        layer_id_rules(version)
     except InputError as exc:
         raise InputError(f"--sglang-version {version}", str(exc)) from exc
     return version

@@ -22,6 +22,7 @@ from typing import Any
 from hs_tracer import sources as src
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.records import WiringRecord
+from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_id_rules, rules_label
 
 
 class IdsLocation(str, enum.Enum):
@@ -295,12 +296,13 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             "read as block outputs, or the reverse)",
             "check the convention of the ids against the training provenance (--profile)",
             slot=cap.sources.index(src.EMBEDDING), observed=src.EMBEDDING, details=details))
-    rules = src.layer_id_rules(w.sglang_version)
+    rules = layer_id_rules(w.sglang_version)
     if w.family is src.Family.DEEPSEEK and rules.deepseek_first_id_rule and ids and ids[0] != 1:
         llama_rule = src.sglang_sources(ids, src.Family.LLAMA, w.num_layers).sources
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.WARNING,
-            f"on a DeepSeek-family target SGLang {rules.releases} adds 1 only when the first id is 1; {ids} "
+            f"on a DeepSeek-family target SGLang {rules_label(w.sglang_version)} adds 1 only when the "
+            f"first id is 1; {ids} "
             f"are taken as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, "
             f"+1 always) fed {_fmt(llama_rule)} for the same config (SGLang changed the rule in its pull "
             "request 25454)",
@@ -381,7 +383,7 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
 def _ids_fix(w: Wiring, trained: Sequence[str]) -> str:
     ids = ids_for_sources(w, trained)
     if ids is None:
-        return (f"SGLang {w.sglang_version or src.NEWEST_SGLANG} cannot capture {_fmt(trained)} on a "
+        return (f"SGLang {w.sglang_version or NEWEST_RELEASE} cannot capture {_fmt(trained)} on a "
                 f"{w.family.value}-family target (the "
                 "output of the last block is never captured); retrain the draft on capturable layers")
     return f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids}"

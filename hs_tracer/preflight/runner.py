@@ -24,7 +24,7 @@ from hs_tracer.preflight.vocab_map import check_vocab_mapping
 from hs_tracer.preflight.weight_checks import check_weights
 from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
 from hs_tracer.profile.model import ProfileError
-from hs_tracer.sources import NEWEST_SGLANG
+from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 
 @dataclass
@@ -210,7 +210,7 @@ def run_check(
         "target": {"path": str(tgt.path), "architecture": tgt.arch, "family": wiring.family.value,
                    "num_layers": tgt.num_hidden_layers, "hidden_size": tgt.hidden_size,
                    "vocab_size": tgt.vocab_size},
-        "engine": {"name": f"sglang=={sglang_version or NEWEST_SGLANG}",
+        "engine": {"name": f"sglang=={sglang_version or NEWEST_RELEASE}",
                    "layers_to_capture": fed.layers_to_capture if wiring.aux_enabled else [],
                    "sources": fed.sources if wiring.aux_enabled else [], "spec_args": spec.used(),
                    "spec_args_method": spec.method},

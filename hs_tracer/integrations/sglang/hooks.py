@@ -7,10 +7,10 @@ actually produced and how wide. Per step (Python, outside CUDA graphs): the fing
 draft's input before the draft extend, and the accept lengths after SGLang resolved them on the CPU.
 docs/architecture.md says why each target was chosen.
 
-Which SGLang target runs which function is the version table's (:mod:`.versions`); :data:`HOOKS`
-is the installed release's part of it, which the plugin registers. Every hook runs under
-:func:`.state.guarded` with its name from that table: an exception inside hs_tracer switches
-tracing off instead of propagating into SGLang.
+Which SGLang target runs which function, and in which phase, is the release family's
+(:mod:`hs_tracer.sglang_releases`); :func:`hook_table` builds the installed family's table when the
+plugin registers. Every hook runs under :func:`.state.guarded` with its name from that table: an
+exception inside hs_tracer switches tracing off instead of propagating into SGLang.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import state, versions
 from hs_tracer.integrations.sglang.draft_layout import read_draft
 from hs_tracer.integrations.sglang.state import TracerState
+from hs_tracer.sglang_releases import FAMILIES
+from hs_tracer.sglang_releases.adapter import Hook, ReleaseFamily
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -138,7 +140,7 @@ def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, 
     total width. The aux states come last in the tuple it returns, packed into one tensor
     (DeepSeek-V2/V3) or as a list of tensors (Llama, Qwen, ...); a body that captured nothing
     returns its hidden states alone. Registered on every model body of the release, each under its
-    own guard name (:func:`_installed_hooks`)."""
+    own guard name (:func:`hook_table`)."""
     if st.capture_seen >= st.CAPTURE_SAMPLES or not isinstance(result, tuple):
         return
     aux = result[-1]
@@ -222,19 +224,29 @@ def int_list(values: Any) -> list[int] | None:
     return None if values is None else [int(v) for v in values]
 
 
-def _installed_hooks() -> list[tuple[str, Any, HookType]]:
-    """(target, guarded hook, type) of the installed release's family (the newest without one); a
-    model body whose module cannot be imported here is left out (none of its models can be served)."""
-    family = versions.installed_family() or versions.FAMILIES[0]
-    return [(h.target, _guarded(h), HookType(h.type)) for h in family.hooks_here()]
+Wrap = Callable[[Hook, Callable[..., Any]], Callable[..., Any]]
 
 
-def _guarded(h: versions.Hook) -> Any:
+def hook_table(family: ReleaseFamily | None = None,
+               wrap: Wrap | None = None) -> list[tuple[str, Any, HookType]]:
+    """(target, guarded hook, type) for each hook of ``family`` (default: the installed release's
+    family, the newest without one) that registers in this process: a model body whose module cannot
+    be imported here is left out (none of its models can be served). Built when the plugin
+    registers, not at import.
+
+    ``wrap(hook, fn)`` returns what registers in place of the guarded ``fn``; it sees the hook's table
+    entry, its phase among it. Production passes none; the GPU testbed's runtime arms a debugging
+    wrapper around the hooks that run while serving."""
+    family = family or versions.installed_family() or FAMILIES[0]
+    table = []
+    for h in versions.hooks_here(family):
+        fn = _guarded(h)
+        table.append((h.target, wrap(h, fn) if wrap is not None else fn, HookType(h.type)))
+    return table
+
+
+def _guarded(h: Hook) -> Any:
     """The hook's handler, guarded under the hook's name: a handler several targets share (the
     model bodies') gets one guard per target, so each can be named, faulted and reported alone."""
     fn = pkgutil.resolve_name(h.handler)
     return fn if hasattr(fn, "__hs_tracer_where__") else state.guarded(h.name)(fn)
-
-
-# The full set the plugin registers (testbed runtimes may wrap entries in place).
-HOOKS: list[tuple[str, Any, HookType]] = _installed_hooks()

@@ -1,9 +1,9 @@
 """SGLang plugin entry point (group ``sglang.srt.plugins``), called in every SGLang process.
 
 With ``HS_TRACER`` unset this module imports nothing beyond the standard library and registers
-nothing. With ``HS_TRACER=1`` it checks the installed SGLang against :mod:`.versions` and registers
-the hooks its release family lists there (:data:`.hooks.HOOKS`) through SGLang's own
-``HookRegistry``.
+nothing. With ``HS_TRACER=1`` it checks the installed SGLang against its release family
+(:mod:`.versions`) and registers the hooks that family lists (:func:`.hooks.hook_table`) through
+SGLang's own ``HookRegistry``.
 """
 
 from __future__ import annotations
@@ -13,15 +13,22 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hs_tracer import config
+from hs_tracer import config, sglang_releases
 from hs_tracer.integrations.sglang import versions
+
+if TYPE_CHECKING:
+    from hs_tracer.integrations.sglang.hooks import Wrap
 
 logger = logging.getLogger("hs_tracer")
 
 
-def register() -> None:
-    """Entry point. Never raises: a broken tracer must not stop SGLang from starting."""
+def register(wrap: Wrap | None = None) -> None:
+    """Entry point. Never raises: a broken tracer must not stop SGLang from starting.
+
+    SGLang calls it without arguments. ``wrap`` goes to :func:`.hooks.hook_table`: the GPU testbed's
+    runtime binds its debugging wrapper here (``functools.partial``); production passes none."""
     if not config.enabled(os.environ):
         return
     try:
@@ -33,7 +40,7 @@ def register() -> None:
             if problem:
                 logger.warning("hs_tracer: tracing stays off: %s", problem)
             return
-        _register()
+        _register(wrap)
     except Exception:  # the plugin must never take serving down
         logger.exception("hs_tracer: failed to register, tracing stays off")
 
@@ -42,7 +49,7 @@ def _in_scheduler_process() -> bool:
     """SGLang calls ``load_plugins()`` first thing in its scheduler entry: look for that frame."""
     frame = sys._getframe(1)
     while frame is not None:
-        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in versions.SCHEDULER_ENTRIES:
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in sglang_releases.SCHEDULER_ENTRIES:
             return True
         frame = frame.f_back
     return False
@@ -54,9 +61,9 @@ def _entry_problem() -> str | None:
     version = versions.installed_version()
     if version is None:
         return None
-    family = versions.family_for(version)
+    family = sglang_releases.family_for(version)
     if family is None:
-        return f"sglang {version} is not a supported release ({versions.supported_text()})"
+        return f"sglang {version} is not a supported release ({sglang_releases.supported_text()})"
     module, function = family.scheduler_entry
     try:
         origin = getattr(importlib.util.find_spec(module), "origin", None)
@@ -69,7 +76,7 @@ def _entry_problem() -> str | None:
     return None
 
 
-def _register() -> None:
+def _register(wrap: Wrap | None) -> None:
     from hs_tracer.inputs import env
 
     cfg, error = env.validate(os.environ)
@@ -82,7 +89,7 @@ def _register() -> None:
     family = versions.installed_family()
     version = versions.installed_version()
     if found or family is None:
-        status = f" ({versions.support(version)})" if family is not None else ""
+        status = f" ({sglang_releases.support(version)})" if family is not None else ""
         logger.warning("hs_tracer: tracing stays off for this SGLang: %s%s", "; ".join(found), status)
         return
 
@@ -90,9 +97,10 @@ def _register() -> None:
 
     from hs_tracer.integrations.sglang import hooks
 
+    table = hooks.hook_table(family, wrap)
     hooks.install_state(cfg)
-    for target, hook, hook_type in hooks.HOOKS:
+    for target, hook, hook_type in table:
         HookRegistry.register(target, hook, hook_type)
     # One line: the release, its support status and what was registered (an untested release says so).
-    log = logger.warning if versions.is_untested(version) else logger.info
-    log("hs_tracer: %s; %d hooks registered", versions.support(version), len(hooks.HOOKS))
+    log = logger.warning if sglang_releases.is_untested(version) else logger.info
+    log("hs_tracer: %s; %d hooks registered", sglang_releases.support(version), len(table))

@@ -296,7 +296,7 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
     from hs_tracer import sources
 
     family = sources.family_of(target["architecture"])
-    from hs_tracer.integrations.sglang.versions import rules_release
+    from hs_tracer.sglang_releases import rules_release
 
     rules = rules_release(sglang_version or None)
     captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family,
@@ -403,8 +403,9 @@ def _own_targets() -> set[str]:
     """The targets of the installed release family's hooks (the newest family's without one), as
     the hook table is built from them."""
     from hs_tracer.integrations.sglang import versions
+    from hs_tracer.sglang_releases import FAMILIES
 
-    family = versions.installed_family() or versions.FAMILIES[0]
+    family = versions.installed_family() or FAMILIES[0]
     return {h.target for h in family.hooks}
 
 

@@ -142,7 +142,8 @@ _hook = PostImportHook()
 def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], None]]]:
     """The environment and patches the installed SGLang release needs on top of these (none for
     the newest; read from the distribution's metadata, without importing SGLang)."""
-    from hs_tracer.integrations.sglang.versions import installed_version, release_of
+    from hs_tracer.integrations.sglang.versions import installed_version
+    from hs_tracer.sglang_releases import release_of
     from hs_tracer_testbed.runtime import release_0_5_12
 
     version = installed_version()

@@ -24,9 +24,9 @@ applied by the production plugin.
   tile as wide as the Q·K tile: the V load and the output store stay masked to ``Lv``, so the extra
   columns are zeros that are never stored, and the tile is fixed per shape, so the kernel stays
   batch-invariant.
-* ``hs_tracer.integrations.sglang.hooks`` (only with ``HS_TRACER_TESTBED_SYNC_DEBUG=1``): each hook
-  that runs while serving (per step, or per forward) runs with
-  ``torch.cuda.set_sync_debug_mode("error")`` armed around its own body and restored after, so a
+* ``hs_tracer.integrations.sglang.plugin`` (only with ``HS_TRACER_TESTBED_SYNC_DEBUG=1``): through
+  the entry point's ``wrap`` parameter, each hook that runs while serving (per step, or per forward)
+  runs with ``torch.cuda.set_sync_debug_mode("error")`` armed around its own body and restored after, so a
   host-device synchronisation inside hs_tracer raises there (the hook's guard counts it as a hook
   error and switches tracing off) while SGLang's own code runs unchecked. The startup hooks (run once,
   before serving) are left unarmed: building the fingerprint probe compiles its kernel and waits
@@ -60,7 +60,7 @@ DUAL_GEMM_MODULE = "sglang.srt.layers.dual_gemm"
 DECODE_ATTENTION_MODULE = "sglang.kernels.ops.attention.decode_attention"
 EXTEND_ATTENTION_MODULE = "sglang.kernels.ops.attention.extend_attention"
 SYMM_MEM_AG_MODULE = "sglang.srt.distributed.device_communicators.triton_symm_mem_ag"
-HOOKS_MODULE = "hs_tracer.integrations.sglang.hooks"
+PLUGIN_MODULE = "hs_tracer.integrations.sglang.plugin"
 
 
 def no_dual_gemm(module: ModuleType) -> None:
@@ -144,23 +144,18 @@ def sync_checked(hook: Callable[..., Any],
     return checked
 
 
-# The hooks that run once while SGLang starts (by target method name); every other hook runs while
-# serving and is armed.
-STARTUP_HOOKS = ("resolve_spec_aux_hidden_state_config", "init_attention_backends", "init_lm_head",
-                 "init_cuda_graphs")
+def arm_serving_hooks(hook: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The plugin's ``wrap`` parameter: every hook that runs while serving (the capture and per-step
+    phases) armed; the startup hooks, run once before serving, left as they are."""
+    from hs_tracer.sglang_releases.adapter import Phase
+
+    return fn if hook.phase is Phase.STARTUP else sync_checked(fn)
 
 
 def arm_sync_debug(module: ModuleType) -> None:
-    """Wrap the serving-time entries of the hooks module's HOOKS list (the plugin registers from it)."""
-    armed = 0
-    hooks = []
-    for target, hook, kind in module.HOOKS:
-        if target.rsplit(".", 1)[-1] not in STARTUP_HOOKS:
-            hook = sync_checked(hook)
-            armed += 1
-        hooks.append((target, hook, kind))
-    module.HOOKS[:] = hooks
-    logger.info("hs_tracer GPU testbed: sync debug mode 'error' armed around %d serving-time hooks", armed)
+    """Bind :func:`arm_serving_hooks` as the wrap of the plugin's entry point, which SGLang calls."""
+    module.register = functools.partial(module.register, wrap=arm_serving_hooks)
+    logger.info("hs_tracer GPU testbed: sync debug mode 'error' armed around the serving-time hooks")
 
 
 class HostBreakdown:
@@ -280,7 +275,7 @@ def patches(environ: Mapping[str, str] = os.environ) -> dict[str, Callable[[Modu
                                                     DECODE_ATTENTION_MODULE: narrow_mla_decode,
                                                     EXTEND_ATTENTION_MODULE: even_unified_extend_tiles}
     if environ.get(SYNC_DEBUG_FLAG) == "1":
-        out[HOOKS_MODULE] = arm_sync_debug
+        out[PLUGIN_MODULE] = arm_sync_debug
     if environ.get(BREAKDOWN_FLAG):
         global _breakdown
         _breakdown = HostBreakdown(environ[BREAKDOWN_FLAG])

@@ -1,0 +1,104 @@
+"""What one SGLang release family's adapter says about it: data only, no SGLang import.
+
+A family is a group of releases whose internals agree. Its adapter module (``v0_5_22.py``, ...)
+builds one :class:`ReleaseFamily`: the hooks (target, handler, phase, what they read), the layer-id
+rules its ``set_eagle3_layers_to_capture`` applies, the layout of its EAGLE-3 draft classes and the
+scheduler entry that loads plugins.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class Phase(str, enum.Enum):
+    """When a hook runs: this decides how it is guarded and which hooks a debugging wrapper arms."""
+
+    STARTUP = "startup"  # once per runner or worker while the engine starts, before serving
+    CAPTURE = "capture"  # each forward of a model body or of the logits processor (recorded at graph capture)
+    STEP = "step"  # each prefill or verify step, in the scheduler's Python, never under torch.compile
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One hook: SGLang's ``target`` (dotted path), when it runs, and the hs_tracer function it runs.
+
+    ``params`` are the target's parameters (after self) the handler reads; the guard checks them
+    against the installed signature. ``reads`` are the attributes it reads from them (documented in
+    the support matrix; a missing one switches tracing off at the first call, never serving).
+    """
+
+    target: str
+    type: str  # "before" or "after" (SGLang's HookType values)
+    handler: str  # "module:function"
+    phase: Phase
+    params: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+    worker: str = ""  # "V1" or "V2" for the speculative worker's own hooks; "" for the shared ones
+    # A model body's hook: where its class is not importable (a kernel this machine lacks, a release
+    # without that model) none of its models can be served, so the hook is left out instead of
+    # switching tracing off.
+    optional: bool = False
+
+    @property
+    def name(self) -> str:
+        """``Class.method`` (or the function's name): guard label and fault-injection name."""
+        parts = self.target.split(".")
+        return ".".join(parts[-2:]) if parts[-2][:1].isupper() else parts[-1]
+
+
+@dataclass(frozen=True)
+class LayerIdRules:
+    """How a family's ``set_eagle3_layers_to_capture`` and model loops turn draft-config ids into
+    what the target captures, where they differ between releases (the other rules never did)."""
+
+    deepseek_first_id_rule: bool  # DeepSeek family: +1 only when ids[0] == 1 (else +1 to every id)
+    gpt_oss_final_boundary: bool  # gpt-oss: ids kept when max(ids) == N, id N captured at the final norm
+    deepseek_packer: bool  # DeepSeek family: fewer captures than ids raise at the first forward
+
+
+@dataclass(frozen=True)
+class DraftLayout:
+    """Where one draft class keeps what the startup hook reads (attribute names on ``.model``)."""
+
+    fc_width: str  # the fc's input-width attribute
+    norms: tuple[str, ...]  # optional norm modules the class defines (None when disabled)
+
+
+@dataclass(frozen=True)
+class ReleaseFamily:
+    """Releases whose hook targets, signatures, scheduler entry, layer-id rules and draft classes agree."""
+
+    name: str
+    releases: tuple[str, ...]  # exact releases (their .postN builds count as them)
+    workers: tuple[str, ...]  # EAGLE-3 workers the release ships, default first
+    scheduler_entry: tuple[str, str]  # (module, function) that starts a scheduler and loads plugins
+    hooks: tuple[Hook, ...]
+    layer_id_rules: LayerIdRules
+    # Draft class name -> layout; a class not listed is read leniently (what is missing is unknown).
+    draft_layouts: Mapping[str, DraftLayout]
+    # The environment that makes an EAGLE-3 engine of this release run a worker other than its
+    # default (topk 1); the default worker needs none.
+    worker_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Older releases without a plugin system whose layer-id rules are this family's: ``hs-tracer
+    # check --sglang-version`` accepts them; nothing traces them.
+    check_only: tuple[str, ...] = ()
+    # Where a release inside the family changed a draft class (its hooks did not change):
+    # (first release, the layouts from it on), newest first.
+    draft_layouts_from: tuple[tuple[str, Mapping[str, DraftLayout]], ...] = ()
+
+    def hooks_for(self, worker: str) -> tuple[Hook, ...]:
+        return tuple(h for h in self.hooks if h.worker in ("", worker))
+
+    def layouts_of(self, release: str | None) -> Mapping[str, DraftLayout]:
+        """The draft layouts of one of the family's releases (``.postN`` stripped; None: its newest)."""
+        for first, layouts in self.draft_layouts_from:
+            if release is None or _key(first) <= _key(release):
+                return layouts
+        return self.draft_layouts
+
+
+def _key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))

@@ -10,10 +10,12 @@ these miswirings ``ok`` with the trained names.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hs_tracer.diagnosis.findings import Code, Severity
 from hs_tracer.diagnosis.identity import diagnose_detailed
+from hs_tracer.diagnosis.verdict import live_report, recorded_wiring
 from hs_tracer.sources import EMBEDDING, UNKNOWN
 from hs_tracer_testbed.real_layers import TRAINED, ensure_real_layers
 
@@ -44,7 +46,7 @@ def judge(real, domain: str, fed: list[str]):
     return diagnose_detailed(stats, real.profile, tokens=int(stats.count.max()))
 
 
-@pytest.mark.parametrize("domain", ("docs_heldout", "code", "chat"))
+@pytest.mark.parametrize("domain", ("docs_heldout", "code", "prose", "chat"))
 def test_correct_wiring_is_never_critical(real, domain: str) -> None:
     report = judge(real, domain, T).report
     assert report.exit_code == 0, report.human()
@@ -54,10 +56,31 @@ def test_correct_wiring_is_never_critical(real, domain: str) -> None:
             s.observed_source == UNKNOWN and s.expected_source in (s.candidates or [])), report.human()
 
 
-NAMED_DOMAINS = ("docs_heldout", "code", "chat")
-"""Licence prose is left out here: it moves the deep slots' statistics by up to two layers (a block:25
-window sits nearest block:26-28), beyond what per-channel statistics can undo (docs/diagnosis.md,
-section 6); correct wiring on it is still never critical (above)."""
+NAMED_DOMAINS = ("docs_heldout", "code", "prose", "chat")
+
+
+def _windows(real, domain: str, tokens: int, count: int, seed: int) -> list[np.ndarray]:
+    """``count`` windows of whole documents of ``domain`` drawn at random until ``tokens`` are held."""
+    per_doc = real.live[domain]["count"][:, 0, 0]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        order = rng.permutation(len(per_doc))
+        out.append(order[: int(np.searchsorted(np.cumsum(per_doc[order]), tokens)) + 1])
+    return out
+
+
+@pytest.mark.parametrize("domain", ("prose", "chat"))
+def test_short_windows_of_correct_wiring_are_never_critical(real, domain: str) -> None:
+    """256- and 512-token windows of licence prose gave a false critical in 35-45 % of correct windows
+    while D alone decided (their variances sit nearest deeper layers); the mean term keeps the trained
+    source among the candidates."""
+    for tokens in (256, 512):
+        for docs in _windows(real, domain, tokens, 12, seed=tokens):
+            stats = real.window(domain, T, docs)
+            report = diagnose_detailed(stats, real.profile, tokens=int(stats.count.max())).report
+            assert report.exit_code == 0, report.human()
+            assert all(s.observed_source in (s.expected_source, UNKNOWN) for s in report.slots)
 
 
 @pytest.mark.parametrize("domain", NAMED_DOMAINS)
@@ -66,7 +89,8 @@ def test_miswiring_is_named_or_its_ambiguity_stated(real, domain: str, name: str
     fed = MISWIRINGS[name]
     report = judge(real, domain, fed).report
     slots = {s.index: s for s in report.slots}
-    findings = {f.slot: f for f in report.findings if f.code is Code.SLOT_SOURCE_MISMATCH}
+    slot_codes = (Code.SLOT_SOURCE_MISMATCH, Code.FEATURE_DRIFT)
+    findings = {f.slot: f for f in report.findings if f.code in slot_codes}
     for k, (trained, source) in enumerate(zip(T, fed, strict=True)):
         s = slots[k]
         if s.observed_source != UNKNOWN:  # a named source is the one really fed, never a wrong one
@@ -82,13 +106,33 @@ def test_miswiring_is_named_or_its_ambiguity_stated(real, domain: str, name: str
     excluded = [k for k, (trained, source) in enumerate(zip(T, fed, strict=True))
                 if trained != source and trained not in (slots[k].candidates or [slots[k].observed_source])]
     assert (report.exit_code == 1) == bool(excluded), report.human()
-    assert report.status == ("miswired" if excluded else "warning")
+    assert report.status in (("miswired",) if excluded else ("warning", "drift")), report.human()
 
 
+@pytest.mark.parametrize("domain", ("docs_heldout", "code"))
 @pytest.mark.parametrize("name", list(MISWIRINGS))
-def test_every_miswiring_exits_1_on_held_out_docs(real, name: str) -> None:
+def test_every_miswiring_exits_1_from_statistics(real, domain: str, name: str) -> None:
     """What failed before on this model (deep slots +-1 and the last slot +2 reported ``ok``, shifted
-    slots named as trained): every catalogue miswiring is critical on held-out text of the training
-    domain."""
-    report = judge(real, "docs_heldout", MISWIRINGS[name]).report
+    slots named as trained; on code, one layer early came out ambiguous with exit 0): every catalogue
+    miswiring is critical on held-out text of the training domain and on code, each slot named or
+    its true source among the candidates."""
+    report = judge(real, domain, MISWIRINGS[name]).report
     assert report.exit_code == 1 and report.status == "miswired", report.human()
+    for s, source in zip(report.slots, MISWIRINGS[name], strict=True):
+        assert s.observed_source == source or (
+            s.observed_source == UNKNOWN and source in (s.candidates or [])), report.human()
+
+
+@pytest.mark.parametrize("domain", NAMED_DOMAINS)
+@pytest.mark.parametrize("name", ["correct", *MISWIRINGS])
+def test_the_engine_record_decides_what_statistics_cannot(real, domain: str, name: str) -> None:
+    """With the engine's own record of the fed sources (a capture's manifest), every miswiring exits 1
+    with each shifted slot named from the record, also where the window cannot tell the neighbours
+    apart (licence prose, chat); correct wiring exits 0 with no warning left."""
+    fed = T if name == "correct" else MISWIRINGS[name]
+    static, matches = recorded_wiring(fed, real.profile)
+    report = live_report(static, judge(real, domain, fed).report, None, real.profile,
+                         engine_layers_checked=matches)
+    critical = {f.slot: f.observed for f in report.findings if f.severity is Severity.CRITICAL}
+    assert critical == {k: s for k, (t, s) in enumerate(zip(T, fed, strict=True)) if t != s}, report.human()
+    assert report.status == ("ok" if name == "correct" else "miswired"), report.human()

@@ -88,9 +88,14 @@ def run(args: argparse.Namespace) -> int:
         width=live.width,
         thresholds=thresholds,
     )
-    from hs_tracer.diagnosis.verdict import live_report
+    from hs_tracer.diagnosis.verdict import live_report, recorded_wiring
+    from hs_tracer.profile import capture_format
 
-    report = live_report([], result.report, live.acceptance, profile)
+    recorded = (capture_format.read_manifest(args.live).sources
+                if capture_format.is_capture_dir(args.live) else None)
+    static, record_matches = recorded_wiring(recorded, profile)
+    report = live_report(static, result.report, live.acceptance, profile,
+                         engine_layers_checked=record_matches)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -37,6 +37,7 @@ class Calibration:
     resolution: list[float | None]  # per slot: D(trained source, nearest other candidate) / t_match
     margin: list[float]  # per slot: the excess (in units of the distance between two sources) that excludes
     min_margin: list[float | None]  # per slot: the smallest such excess of another source on a correct window
+    statistic: str = "jeffreys"  # the divergence the thresholds are for (matcher.JEFFREYS or MEAN)
 
 
 def candidates(profile: Profile, thresholds: Thresholds) -> Candidates:
@@ -95,7 +96,7 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
         ref_mean, ref_var = cands.mean.copy(), cands.var.copy()
         for slot, c in enumerate(exp_idx):
             ref_mean[c], ref_var[c] = lo_mean[slot], lo_var[slot]
-        dist = divergence(w_mean, w_var, ref_mean, ref_var, cands.floor)
+        dist = divergence(w_mean, w_var, ref_mean, ref_var, cands.floor, cands.statistic)
         for slot, c in enumerate(exp_idx):
             others = np.delete(dist[slot], c)
             d_exp[b, slot] = dist[slot, c]
@@ -109,7 +110,8 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
     rho = max(thresholds.rho_min, thresholds.rho_safety * max_ratio)
     # How far each trained source is from its nearest other candidate, in units of t_match: below ~1 a
     # swap between the two cannot be told apart at this window size.
-    ref = divergence(cands.mean[exp_idx], cands.var[exp_idx], cands.mean, cands.var, cands.floor)
+    ref = divergence(cands.mean[exp_idx], cands.var[exp_idx], cands.mean, cands.var, cands.floor,
+                     cands.statistic)
     resolution: list[float | None] = []
     for slot, c in enumerate(exp_idx):
         others = np.delete(ref[slot], c)
@@ -128,6 +130,7 @@ def calibrate(profile: Profile, tokens: int, thresholds: Thresholds) -> Calibrat
         resolution=resolution,
         margin=[round(v, 4) for v in margin],
         min_margin=[round(float(v), 4) if np.isfinite(v) else None for v in lowest],
+        statistic=cands.statistic,
     )
     profile._cache[key] = cal
     return cal

@@ -47,6 +47,24 @@ def features_match(judged: Report | None, static: Sequence[Finding]) -> bool | N
     return None
 
 
+def recorded_wiring(recorded: Sequence[str] | None, profile: Profile | None) -> tuple[list[Finding], bool]:
+    """The engine's own record of what it fed each slot (a capture's ``sources``, resolved from its
+    ``layers_to_capture``) against the profile's trained sources: one critical finding per slot fed
+    another source, and whether the record matches. Why: neighbouring layers of a real model under a
+    change of text domain can be beyond what window statistics separate; the record is exact."""
+    if profile is None or not recorded or len(recorded) != profile.num_slots:
+        return [], False
+    findings = [Finding(
+        Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
+        f"slot {k} is fed {got} by the engine's own record (its layers_to_capture, in the capture's "
+        f"manifest); the draft was trained on {want}",
+        fix=f"make the engine feed {want} in slot {k}: check the draft config's "
+        "eagle_aux_hidden_state_layer_ids and the engine's layer-id convention (hs-tracer check)",
+        slot=k, expected=want, observed=got, details={"recorded": list(recorded)})
+        for k, (want, got) in enumerate(zip(profile.sources, recorded, strict=True)) if want != got]
+    return findings, not findings
+
+
 def live_report(
     static: Sequence[Finding],
     judged: Report | None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hs_tracer.diagnosis.findings import Code, Severity
+from hs_tracer.diagnosis.findings import Acceptance, Code, Severity
 from hs_tracer.diagnosis.identity import diagnose_detailed
 from hs_tracer.diagnosis.verdict import live_report, recorded_wiring
 from hs_tracer.sources import EMBEDDING, UNKNOWN
@@ -128,10 +128,12 @@ def test_every_miswiring_exits_1_from_statistics(real, domain: str, name: str) -
 def test_the_engine_record_decides_what_statistics_cannot(real, domain: str, name: str) -> None:
     """With the engine's own record of the fed sources (a capture's manifest), every miswiring exits 1
     with each shifted slot named from the record, also where the window cannot tell the neighbours
-    apart (licence prose, chat); correct wiring exits 0 with no warning left."""
+    apart (licence prose, chat); correct wiring exits 0, and with 128 judged verify steps at the
+    testbed pair's accept length (1.34) no warning is left."""
     fed = T if name == "correct" else MISWIRINGS[name]
     static, matches = recorded_wiring(fed, real.profile)
-    report = live_report(static, judge(real, domain, fed).report, None, real.profile,
+    accepted = Acceptance(steps=128, mean_accept_length=1.34, per_position_rate=[0.28, 0.05, 0.01])
+    report = live_report(static, judge(real, domain, fed).report, accepted, real.profile,
                          engine_layers_checked=matches)
     critical = {f.slot: f.observed for f in report.findings if f.severity is Severity.CRITICAL}
     assert critical == {k: s for k, (t, s) in enumerate(zip(T, fed, strict=True)) if t != s}, report.human()

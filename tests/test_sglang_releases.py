@@ -64,7 +64,9 @@ def test_each_family_as_its_row_says(module: str, releases: tuple[str, ...], wor
 def _make_list(name: str) -> list[str]:
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     (value,) = re.findall(rf"^{name} :=(.*)$", text, re.MULTILINE)
-    return value.split()
+    # a whole-list reference, $(OTHER), is OTHER's list
+    return [word for part in value.split()
+            for word in (_make_list(part[2:-1]) if part.startswith("$(") and part.endswith(")") else [part])]
 
 
 def test_the_makefiles_releases_are_the_adapters() -> None:
@@ -75,6 +77,10 @@ def test_the_makefiles_releases_are_the_adapters() -> None:
     assert all(sglang_releases.family_for(v) is not None and not sglang_releases.is_untested(v) for v in old)
     for name in ("CHECKED_SGLANG", "ENGINE_EVERY_RUN", "ENGINE_ROTATION"):
         assert set(_make_list(name)) <= set(old), name
+    assert _make_list("CHECKED_SGLANG") == old  # every older release's real classes, in every make test
+    every_run = {sglang_releases.family_for(v).name for v in _make_list("ENGINE_EVERY_RUN")}
+    rotation = [sglang_releases.family_for(v).name for v in _make_list("ENGINE_ROTATION")]
+    assert len(set(rotation)) == len(rotation) and not every_run & set(rotation)  # one release per family
     pins = {p.name.removeprefix("sglang-").removesuffix(".txt")
             for p in (ROOT / "requirements").glob("sglang-*.txt")}
     assert pins <= set(old)  # a release's own pins over the lock file, for a release make can build

@@ -76,7 +76,7 @@ def _entry_problem() -> str | None:
     return None
 
 
-def _register(wrap: Wrap | None) -> None:
+def _register(wrap: Wrap | None = None) -> None:
     from hs_tracer.inputs import env
 
     cfg, error = env.validate(os.environ)

@@ -170,7 +170,8 @@ class Family(str, enum.Enum):
             raise InputError(f"unknown model family {text!r}; use one of: {names}") from None
 
 
-# Architectures (HF config ``architectures[0]``) whose SGLang 0.5.23 class uses a non-Llama rule.
+# Architectures (HF config ``architectures[0]``) whose SGLang class uses a non-Llama rule (read from
+# the newest supported release).
 # Kimi-K2.5 / Kimi-VL wrappers delegate to their DeepseekV3 language model; MistralLarge3 and
 # GlmMoeDsa subclass DeepseekV2ForCausalLM; Glm4MoeLite copies its rule.
 _FAMILY_BY_ARCH: dict[str, Family] = {
@@ -189,7 +190,7 @@ _FAMILY_BY_ARCH: dict[str, Family] = {
 
 
 def family_of(architecture: str | None) -> Family:
-    """SGLang 0.5.23's layer-id rule for a target architecture (``architectures[0]`` of its config).
+    """SGLang's layer-id rule for a target architecture (``architectures[0]`` of its config).
 
     Every SGLang model not listed above that implements ``set_eagle3_layers_to_capture`` adds 1, so
     that is the answer for unknown names too.

@@ -90,3 +90,15 @@ def test_pyprojects_sglang_pins_are_the_newest_adapters_release() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     pins = re.findall(r'^(\w+) = \[(?:[^]]*?)"sglang==([^"]+)"', text, re.MULTILINE)
     assert pins == [("sglang", sglang_releases.NEWEST_RELEASE), ("testbed", sglang_releases.NEWEST_RELEASE)]
+
+
+def test_release_numbers_appear_in_hs_tracers_python_only_in_the_adapters() -> None:
+    """Every other module takes a release from the adapters (NEWEST_RELEASE, a family's name, the
+    checked release), so adding a release edits no module but its adapter."""
+    releases = {r for f in sglang_releases.FAMILIES for r in (*f.releases, *f.check_only)}
+    named = re.compile(r"(?<![\d.])(" + "|".join(re.escape(r) for r in releases) + r")(?![\d])")
+    package = ROOT / "hs_tracer"
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in sorted(package.rglob("*.py")) if "sglang_releases" not in path.parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if named.search(line)]
+    assert found == []

@@ -4,9 +4,10 @@ measured with.
 Why: ``norm_before_fc`` (one RMSNorm over the K*H input), EAGLE-3.1's ``fc_norm`` (per-slot norms
 before fc) and ``norm_output`` (the post-norm hidden as the recurrent state) change the draft's math
 without changing any shape. A flag the engine honours differently from the trainer leaves the
-features right and only acceptance drops. SGLang 0.5.23 (``models/llama_eagle3.py``) reads
-``norm_before_fc`` nested in ``eagle_config`` or at the top level, ``fc_norm`` / ``use_aux_norm`` and
-``norm_output`` only at the top level, and has no ``norm_before_residual`` branch.
+features right and only acceptance drops. SGLang (``models/llama_eagle3.py`` of its newest
+supported release) reads ``norm_before_fc`` nested in ``eagle_config`` or at the top level,
+``fc_norm`` / ``use_aux_norm`` and ``norm_output`` only at the top level, and has no
+``norm_before_residual`` branch.
 
 The trained flags come from the profile's expected acceptance (the flags the draft config had when
 ``profile build`` measured it); without that, :mod:`hs_tracer.preflight.format_checks` still flags a
@@ -20,10 +21,11 @@ from typing import Any
 
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.draft.norm_flags import FLAGS
+from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 
 def served_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:
-    """Each flag as SGLang 0.5.23 applies it."""
+    """Each flag as SGLang applies it (its newest supported release)."""
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     return {
         "norm_before_fc": bool(nested.get("norm_before_fc") or cfg.get("norm_before_fc")),
@@ -45,7 +47,7 @@ def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool
         where = "eagle_config or the top level" if flag == "norm_before_fc" else "the top level"
         findings.append(Finding(
             Code.NORM_FLAGS, Severity.CRITICAL,
-            f"SGLang 0.5.23 serves the draft with {flag}={str(served[flag]).lower()}; its expected "
+            f"SGLang {NEWEST_RELEASE} serves the draft with {flag}={str(served[flag]).lower()}; its expected "
             "acceptance "
             f"was measured with {flag}={str(bool(trained[flag])).lower()}: the features stay right, the "
             "draft's math changes and acceptance drops",

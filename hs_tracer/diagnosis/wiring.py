@@ -4,7 +4,8 @@ The same functions serve the preflight ``hs-tracer check`` (wiring read from fil
 plugin at engine startup (wiring read from the live engine, :class:`~hs_tracer.records.WiringRecord`,
 through :func:`wiring_from_record`). Layer-id conventions come from :mod:`hs_tracer.sources` only.
 
-Facts about SGLang 0.5.23 (its source, read for these checks): it reads the draft's
+Facts about SGLang (the newest supported release's source, read for these checks; the layer-id
+rules of each release are its family's, :mod:`hs_tracer.sglang_releases`): it reads the draft's
 layer ids only from the nested ``eagle_config`` dict (a bare ``except`` falls back to the default
 ``[2, N//2, N-3]`` for anything else), turns them into ``layers_to_capture`` by a per-family rule,
 captures each reachable layer once in ascending order, and feeds the draft ``len(captured) x H``
@@ -239,7 +240,8 @@ def _defaults(w: Wiring) -> str:
     """What SGLang and the trainers use when a draft config names no ids, on this target, said out."""
     n = w.num_layers
     served = src.sglang_sources(None, w.family, n)
-    parts = [f"SGLang 0.5.23 captures layers_to_capture {served.layers_to_capture} (its [2, N//2, N-3]"
+    parts = [f"SGLang {w.sglang_version or NEWEST_RELEASE} captures layers_to_capture "
+             f"{served.layers_to_capture} (its [2, N//2, N-3]"
              f"{' + 1' if w.family is src.Family.PLUS_ONE_ALWAYS else ''}, N = {n}) = {_fmt(served.sources)}"]
     for name, conv in (("SpecForge", src.Convention.SPECFORGE), ("speculators", src.Convention.SPECULATORS)):
         ids = src.default_ids(conv, n)

@@ -1,1 +1,1 @@
-"""EAGLE-3 draft models in plain torch (SGLang 0.5.23 semantics), for training, simulation and replay."""
+"""EAGLE-3 draft models in plain torch (SGLang's semantics), for training, simulation and replay."""

@@ -1,8 +1,8 @@
-"""Plain-torch EAGLE-3 draft with SGLang 0.5.23 ``LlamaForCausalLMEagle3`` semantics.
+"""Plain-torch EAGLE-3 draft with the semantics of SGLang's ``LlamaForCausalLMEagle3`` (newest release).
 
 Why its own implementation: the testbed trains the draft with it, the offline acceptance
 simulation runs it, and the replay tool feeds it captured live features, all without starting
-SGLang. It follows ``sglang/srt/models/llama_eagle3.py`` (0.5.23) step by step:
+SGLang. It follows ``sglang/srt/models/llama_eagle3.py`` step by step:
 
 * ``fc`` (K*H_t -> H) is applied only when the incoming feature width differs from the embedding
   width (SGLang's width test: target features at draft-extend are K*H_t wide, the draft's own

@@ -13,11 +13,13 @@ import shlex
 from typing import Any
 
 from hs_tracer.errors import InputError
+from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 FLAG = "--server-args"
 # The algorithms whose draft hs-tracer checks (NEXTN is SGLang's alias of EAGLE).
 ALGORITHMS = ("EAGLE3", "EAGLE", "NEXTN")
-# Every --speculative-* flag of SGLang 0.5.23's server (tests compare this with the installed parser).
+# Every --speculative-* flag of the newest supported SGLang release's server (tests compare this
+# with the installed parser).
 SGLANG_SPECULATIVE_FLAGS = frozenset({
     "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
     "--speculative-draft-model-revision", "--speculative-draft-load-format", "--speculative-num-steps",
@@ -64,12 +66,13 @@ def check_server_args(text: str) -> dict[str, Any]:
             continue
         if flag.startswith(("--speculative", "--no-speculative")) and not _known(flag):
             near = difflib.get_close_matches(flag, sorted(SGLANG_SPECULATIVE_FLAGS), n=1)
-            raise InputError(FLAG, f"SGLang 0.5.23 has no flag {flag}",
+            raise InputError(FLAG, f"SGLang {NEWEST_RELEASE} has no flag {flag}",
                              f"did you mean {near[0]}?" if near else fix)
         if flag not in SGLANG_SPECULATIVE_FLAGS and not flag.startswith("--speculative"):
             near = difflib.get_close_matches(flag, sorted(SGLANG_SPECULATIVE_FLAGS), n=1, cutoff=0.85)
             if near:
-                raise InputError(FLAG, f"SGLang 0.5.23 has no flag {flag}", f"did you mean {near[0]}?")
+                raise InputError(FLAG, f"SGLang {NEWEST_RELEASE} has no flag {flag}",
+                                 f"did you mean {near[0]}?")
     try:
         parsed = parse_server_args(text)
     except ServerArgsError as exc:

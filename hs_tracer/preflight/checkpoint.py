@@ -1,4 +1,5 @@
-"""The tensors a draft directory offers to SGLang 0.5.23's loader: names, shapes, small values.
+"""The tensors a draft directory offers to SGLang's loader (its newest supported release): names,
+shapes, small values.
 
 Which files are read mirrors ``DefaultModelLoader._prepare_weights`` (sglang/srt/model_loader/
 loader.py, load format ``auto``): the first of ``*.safetensors``, ``*.bin``, ``*.pt`` that matches
@@ -52,7 +53,7 @@ class Checkpoint:
 
 
 def select_weight_files(directory: Path) -> list[Path]:
-    """The weight files SGLang 0.5.23 would load from ``directory`` (load format auto)."""
+    """The weight files SGLang would load from ``directory`` (load format auto)."""
     for pattern in ("*.safetensors", "*.bin", "*.pt"):
         found = sorted(directory.glob(pattern))
         if not found:

@@ -1,4 +1,4 @@
-"""Draft and target configs as SGLang 0.5.23 reads them, and which tool wrote the draft.
+"""Draft and target configs as the newest supported SGLang release reads them, and which tool wrote the draft.
 
 Three draft formats are in the wild:
 SpecForge/SGLang (``LlamaForCausalLMEagle3``, ids nested in ``eagle_config``), speculators
@@ -17,7 +17,7 @@ from typing import Any
 from hs_tracer.errors import InputError
 from hs_tracer.sources import text_config
 
-# Draft architectures SGLang 0.5.23 registers for EAGLE-3 (models/llama_eagle3.py and
+# Draft architectures the newest supported SGLang release registers for EAGLE-3 (models/llama_eagle3.py and
 # models/kimi_k25_eagle3.py EntryClass); tests check this against the installed package.
 SGLANG_EAGLE3_DRAFT_ARCHS = frozenset({"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"})
 # EAGLE-1/2 draft classes: they load, but take one H-wide state (models/*_eagle.py EntryClass).

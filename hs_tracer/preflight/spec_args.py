@@ -1,7 +1,7 @@
-"""Speculative server arguments: the values SGLang 0.5.23 will really use, and what it rejects.
+"""Speculative server arguments: the values SGLang will really use, and what it rejects.
 
-:func:`resolve_spec_args` mirrors ``sglang/srt/arg_groups/speculative_hook.py`` (0.5.23):
-``_resolve_speculative_algorithm_alias`` (NEXTN -> EAGLE), ``_handle_eagle_family`` (the assertion
+:func:`resolve_spec_args` mirrors ``sglang/srt/arg_groups/speculative_hook.py`` of the newest supported
+release: ``_resolve_speculative_algorithm_alias`` (NEXTN -> EAGLE), ``_handle_eagle_family`` (the assertion
 when topk / draft tokens are set without steps, ``_auto_choose_speculative_params`` by target
 architecture, topk == 1 forcing ``num_draft_tokens = num_steps + 1``, rejection sampling needing
 topk 1) and ``_init_adaptive_speculative_params``; plus the runtime limit in
@@ -21,6 +21,7 @@ from typing import Any
 
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.errors import InputError
+from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 # _auto_choose_speculative_params: (steps, topk, draft tokens) by target architecture.
 _AUTO_5_4_8 = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
@@ -69,7 +70,7 @@ class SpecResolution:
     num_draft_tokens: int | None = None
     adjusted: list[tuple[str, Any, Any, str]] = field(default_factory=list)  # field, from, to, why
     rejected: str | None = None
-    method: str = "hs_tracer's copy of SGLang 0.5.23's rules"
+    method: str = f"hs_tracer's copy of SGLang {NEWEST_RELEASE}'s rules"
 
     def used(self) -> dict[str, Any]:
         return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.num_steps,
@@ -81,7 +82,7 @@ def auto_params(target_arch: str) -> tuple[int, int, int]:
 
 
 def resolve_spec_args(requested: dict[str, Any], target_arch: str) -> SpecResolution:
-    """What SGLang 0.5.23 makes of the requested speculative flags on this target."""
+    """What the newest supported SGLang release makes of the requested speculative flags on this target."""
     algo = requested.get("speculative_algorithm")
     algo = algo.upper() if isinstance(algo, str) else None
     if algo == "NEXTN":
@@ -163,7 +164,7 @@ def spec_findings(res: SpecResolution) -> list[Finding]:
 
 
 def resolve_with_sglang(requested: dict[str, Any], target_dir: Path, draft_dir: Path) -> SpecResolution:
-    """Run SGLang 0.5.23's own server-args resolution on CPU for the speculative flags only.
+    """Run the installed SGLang's own server-args resolution on CPU for the speculative flags only.
 
     Raises ImportError when SGLang is not installed. A refusal (AssertionError/ValueError from its
     handlers) is returned as ``rejected``.

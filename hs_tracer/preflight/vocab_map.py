@@ -1,4 +1,5 @@
-"""d2t / t2d: the draft-to-target vocabulary mapping, checked the way SGLang 0.5.23 uses it.
+"""d2t / t2d: the draft-to-target vocabulary mapping, checked the way SGLang uses it (its newest
+supported release).
 
 SGLang (models/llama_eagle3.py ``load_weights``) takes any tensor whose name contains ``d2t`` as
 *diffs* and builds ``hot_token_id = d2t + arange(len(d2t))`` (absolute target ids); it skips

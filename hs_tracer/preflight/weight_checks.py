@@ -1,4 +1,5 @@
-"""Findings about the draft's weights: what SGLang 0.5.23 will drop, leave random, reject or replace."""
+"""Findings about the draft's weights: what SGLang (its newest supported release) will drop, leave
+random, reject or replace."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The parameters SGLang 0.5.23's EAGLE-3 draft classes have, and where each checkpoint key goes.
+"""The parameters SGLang's EAGLE-3 draft classes have (its newest supported release), and where each
+checkpoint key goes.
 
 ``LlamaForCausalLMEagle3`` (sglang/srt/models/llama_eagle3.py): ``LlamaModel.__init__`` (fc width =
 target hidden x num aux, optional ``input_norm`` / ``fc_norm``, decoder layer 0 with a 2H-wide qkv)

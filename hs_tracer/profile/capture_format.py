@@ -11,7 +11,7 @@ A capture is a directory::
 ``num_slots`` K, ``hidden_size`` H, ``dtype`` (of ``features``), ``sources`` (canonical source per slot
 as the live wiring claims it, or null when unknown), ``layers_to_capture`` (SGLang's internal list, or
 null), ``num_layers`` (target depth, or null), ``target_arch``, ``producer`` (free text, e.g.
-``"hs_tracer 0.1.0 / sglang 0.5.23"``), ``shards``: ``[{"file": name, "tokens": N}]``. A reader needs
+``"hs_tracer 0.1.0 / sglang <release>"``), ``shards``: ``[{"file": name, "tokens": N}]``. A reader needs
 only ``format``, ``version``, ``num_slots``, ``hidden_size`` and ``shards``; ``features`` may be wider
 or narrower than K*H when the wiring is broken (that is what diagnosis looks for).
 

@@ -1,5 +1,5 @@
-"""The hooks hs_tracer registers in SGLang's V2 EAGLE worker (0.5.23, and 0.5.12 beside its V1
-worker: :mod:`.hooks_v1`), one small function per concern.
+"""The hooks hs_tracer registers in SGLang's V2 EAGLE worker (every release family; beside the V1
+worker of the families that have one: :mod:`.hooks_v1`), one small function per concern.
 
 Startup (run once): what the target captures and what the draft expects -> a WiringRecord and the
 static findings. Capture metadata (graph capture / eager prefill only): which aux states the target
@@ -63,7 +63,7 @@ def after_resolve_aux_config(st: TracerState, result: Any, *_args: Any, **kwargs
 @hook
 def after_resolve_aux_config_of_each_runner(st: TracerState, result: Any, *_args: Any, **kwargs: Any) -> None:
     """:func:`after_resolve_aux_config` on releases whose resolved config has no draft model config
-    (before 0.5.22): the draft runner's own call brings the draft's config.json as its model_config."""
+    (the older families): the draft runner's own call brings the draft's config.json as its model_config."""
     if kwargs.get("is_draft_worker"):
         st.draft_config = kwargs["model_config"].hf_config.to_dict()
         return

@@ -1,6 +1,6 @@
-"""The hooks for SGLang releases with the V1 ``EAGLEWorker`` (the 0.5.11 and 0.5.12 families in
-:mod:`.versions`), and those of their capture-config and target-forward hooks that later families
-up to 0.5.16 share.
+"""The hooks for SGLang releases with the V1 ``EAGLEWorker`` (the families in
+:mod:`hs_tracer.sglang_releases` whose workers include V1), and those of their capture-config and
+target-forward hooks that some later families share.
 
 They feed the same tracer state, StepRecords and exports as the V2 hooks (:mod:`.hooks`), so
 dashboards and alerts do not depend on the worker:
@@ -112,7 +112,7 @@ def after_v1_forward_batch_generation(st: TracerState, result: Any, _worker: Any
 def after_v1_forward_batch_generation_accepted_drafts(st: TracerState, result: Any, _worker: Any, batch: Any,
                                                       *_a: Any, **_k: Any) -> None:
     """:func:`after_v1_forward_batch_generation` where the result names them
-    ``num_accepted_drafts_per_req_cpu`` (0.5.11)."""
+    ``num_accepted_drafts_per_req_cpu`` (the oldest family)."""
     _record_v1(st, batch, getattr(result, "num_accepted_drafts_per_req_cpu", None))
 
 
@@ -127,11 +127,11 @@ def _record_v1(st: TracerState, batch: Any, correct: Any) -> None:
         setattr(batch, STEP_ATTR, None)  # the batch object lives on; the next step stamps its own
 
 
-# ---- per step (0.5.11's V2 worker) --------------------------------------------------------------------
+# ---- per step (the oldest family's V2 worker) ---------------------------------------------------
 @hooks.step_hook
 def after_resolve_spec_overlap_token_ids(st: TracerState, _tokens: Any, processor: Any, result: Any,
                                          batch: Any) -> None:
-    """:func:`.hooks.after_resolve_spec_v2_tokens` on 0.5.11, whose result carries no draft-token
+    """:func:`.hooks.after_resolve_spec_v2_tokens` on the oldest family, whose result carries no draft-token
     count (its scheduler reads the worker's setting, as here)."""
     steps = st.steps
     if steps is not None:

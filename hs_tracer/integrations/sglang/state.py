@@ -325,7 +325,7 @@ def _ranks() -> tuple[Ranks, bool]:
     without a DP controller."""
     try:
         from sglang.srt.runtime_context import get_parallel
-    except ImportError:  # releases before SGLang's runtime context (0.5.11-0.5.13)
+    except ImportError:  # releases before SGLang's runtime context
         return _ranks_before_runtime_context()
 
     try:
@@ -336,7 +336,8 @@ def _ranks() -> tuple[Ranks, bool]:
     def rank(name: str) -> int:
         try:
             return int(getattr(par, name) or 0)
-        # not published in this configuration; 0.5.14-0.5.16 read parallel_state, which asserts
+        # not published in this configuration; the first releases with a runtime context read
+        # parallel_state, which asserts
         # when a group is not initialised
         except (AssertionError, AttributeError, KeyError, RuntimeError):
             return 0
@@ -346,7 +347,7 @@ def _ranks() -> tuple[Ranks, bool]:
 
 
 def _ranks_before_runtime_context() -> tuple[Ranks, bool]:
-    """:func:`_ranks` on releases whose ranks live in ``parallel_state`` / ``dp_attention`` (0.5.12);
+    """:func:`_ranks` on releases whose ranks live in ``parallel_state`` / ``dp_attention``;
     their scheduler keeps the replica index in its ``dp_rank`` argument only, so it reads as 0."""
     from sglang.srt.distributed import parallel_state as ps
     from sglang.srt.layers import dp_attention as dpa
@@ -365,7 +366,7 @@ def _ranks_before_runtime_context() -> tuple[Ranks, bool]:
 def _tail_tokens(batch: Any, next_token_ids: Any) -> Any:
     """The token SGLang's draft extend appends after each request's prompt rows (for a non-final
     chunk of a chunked prefill: the next prompt token), computed by SGLang's own helper. Releases
-    without that helper (0.5.12) append the sampled next token to every request, as done here."""
+    without that helper append the sampled next token to every request, as done here."""
     if next_token_ids is None:
         return None
     try:
@@ -379,7 +380,7 @@ def _role() -> str:
     """This instance's role under prefill/decode disaggregation (``--disaggregation-mode``)."""
     try:
         from sglang.srt.runtime_context import get_disagg
-    except ImportError:  # releases before SGLang's runtime context (0.5.12): the server args
+    except ImportError:  # releases before SGLang's runtime context: the server args
         from sglang.srt.server_args import get_global_server_args
 
         return str(getattr(get_global_server_args(), "disaggregation_mode", None) or "null")

@@ -36,7 +36,7 @@ true, so the step costs the same at any batch size:
   batch is built and launched before this step's result is resolved, so when its launch was seen
   first, only the requests that left between the two lists (the *departed*) can be skipped, and
   only they are tested. The lists compare in C: unchanged (the running batch's list object, which
-  SGLang 0.5.23 rebinds and never mutates), extended at the end, or shortened in order; a departed
+  SGLang rebinds and never mutates), extended at the end, or shortened in order; a departed
   request can never match a slot of the next list, so the walk always finds every one of them.
 - Otherwise (a prefill was launched in between, or SGLang processed this result before launching
   the next batch) every request is tested, as SGLang does.

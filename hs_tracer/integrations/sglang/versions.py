@@ -80,7 +80,7 @@ def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = 
     if check_reads is None:
         check_reads = is_untested(version)
     # Outside a scheduler process the first import of SGLang's modules can stop inside one of its own
-    # import cycles (0.5.14's scheduler module, imported first): a second pass sees them imported.
+    # import cycles (one release's scheduler module, imported first): a second pass sees them imported.
     found = _missing(family) or _missing(family)
     if check_reads and not found:
         found += _changed_reads(family) + _changed_layer_id_rules()

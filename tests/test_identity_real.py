@@ -129,7 +129,7 @@ def test_the_engine_record_decides_what_statistics_cannot(real, domain: str, nam
     """With the engine's own record of the fed sources (a capture's manifest), every miswiring exits 1
     with each shifted slot named from the record, also where the window cannot tell the neighbours
     apart (licence prose, chat); correct wiring exits 0, and with 128 judged verify steps at the
-    testbed pair's accept length (1.34) no warning is left."""
+    testbed pair's accept length (1.34) no slot warning is left."""
     fed = T if name == "correct" else MISWIRINGS[name]
     static, matches = recorded_wiring(fed, real.profile)
     accepted = Acceptance(steps=128, mean_accept_length=1.34, per_position_rate=[0.28, 0.05, 0.01])
@@ -137,4 +137,10 @@ def test_the_engine_record_decides_what_statistics_cannot(real, domain: str, nam
                          engine_layers_checked=matches)
     critical = {f.slot: f.observed for f in report.findings if f.severity is Severity.CRITICAL}
     assert critical == {k: s for k, (t, s) in enumerate(zip(T, fed, strict=True)) if t != s}, report.human()
-    assert report.status == ("ok" if name == "correct" else "miswired"), report.human()
+    if name == "correct":  # what is left is the prompt mix's drift (licence prose, chat), never the slots
+        assert report.status in ("ok", "drift"), report.human()
+        slot_warnings = [f for f in report.findings
+                         if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is not Severity.INFO]
+        assert not slot_warnings, report.human()
+    else:
+        assert report.status == "miswired", report.human()

@@ -1,7 +1,9 @@
 """``hs-tracer diagnose LIVE --profile P``: which source each slot of LIVE carries vs the training data.
 
 LIVE is an hs_tracer capture directory or any dump a profile reader accepts (SpecForge, speculators),
-so the same command answers "is this dataset wired like the one the draft was trained on?".
+so the same command answers "is this dataset wired like the one the draft was trained on?". An
+hs_tracer capture also holds the engine's record of what it fed (the manifest's ``sources``): it
+decides what the window's statistics cannot, as it does in a running engine.
 Exit status (docs/interfaces.md): 0 healthy, 1 critical findings, 2 usage or input errors.
 """
 

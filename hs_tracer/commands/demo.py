@@ -119,11 +119,12 @@ def _run_vllm(args: argparse.Namespace) -> int:
         os.close(fd)
         log = Path(name)
         print(f"vLLM's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
-    runs = vllm_demo.run(args.target, args.draft, profile=args.profile, miswired=args.target is None,
+    miswired = args.target is None
+    runs = vllm_demo.run(args.target, args.draft, profile=args.profile, miswired=miswired,
                          num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log)
     if args.json:
         out = [r.to_json() for r in runs]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
     else:
-        print(demo.human(runs))
-    return demo.exit_code(runs, expect_miswired=args.target is None)
+        print(demo.human(runs, expect_miswired=miswired, verbose=args.verbose))
+    return demo.exit_code(runs, expect_miswired=miswired)

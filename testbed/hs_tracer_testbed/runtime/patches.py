@@ -16,6 +16,10 @@ once if it is already imported, so installing them costs nothing at interpreter 
   pure-torch ops. ``cpu_has_amx_support()`` itself stays False (it probes for the
   ``convert_weight_packed`` op, which the testbed never registers), so linear, MoE, norm and
   embedding layers keep their ``forward_native`` paths.
+* ``sglang.srt.arg_groups.overrides`` (0.5.15 to 0.5.18, which have no ``override_platform``): the
+  same fallback sits in its post-processing step, which asks ``cpu_has_amx_support()``; there (only
+  in that module, whose other readers pick gpt-oss and MoE-runner backends the testbed's models do
+  not use) it answers True, so ``intel_amx`` stays.
 * ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
@@ -61,6 +65,11 @@ def override_amx_platform_fact(module: ModuleType) -> None:
         override(has_amx=True).install()
 
 
+def keep_intel_amx_in_overrides(module: ModuleType) -> None:
+    if hasattr(module, "cpu_has_amx_support"):  # 0.5.19 on decide through override_platform
+        module.cpu_has_amx_support = lambda: True
+
+
 @contextlib.contextmanager
 def _no_cuda_cache_calls() -> object:
     import torch
@@ -89,6 +98,7 @@ def cpu_embed_sharing(module: ModuleType) -> None:
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     HANDLER_MODULE: register_mla_handlers,
     RUNTIME_CONTEXT_MODULE: override_amx_platform_fact,
+    "sglang.srt.arg_groups.overrides": keep_intel_amx_in_overrides,
     KIMI_DRAFT_MODULE: cpu_embed_sharing,
 }
 

@@ -167,3 +167,40 @@ def test_the_engine_record_settles_an_ambiguous_slot_once_the_acceptance_is_judg
     assert collapsed.status != "ok" and collapsed.exit_code == 1
     # without the engine's record (a capture on disk) the statistics alone leave it ambiguous
     assert report(HEALTHY, checked=False).status == "warning"
+
+
+def test_the_engine_record_overrules_a_thin_statistics_mismatch_once_the_draft_is_seen_working() -> None:
+    """Recorded on vLLM's CPU engine: slot 0's window sat nearer block:1 than its trained block:0
+    (distance 1.0 vs 1.23) while the layers vLLM resolved were the profile's and the draft accepted
+    at its training level. The record decides once the acceptance is judged and did not collapse:
+    ``ok``, the slot read as not told apart, and no advice to rewire a layer the engine already feeds;
+    before that a warning with nothing to rewire; with a collapse, never ``ok``."""
+    from hs_tracer.profile.model import Profile
+
+    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
+    near = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
+                   "slot 0 carries block:1; the draft was trained on block:0 (distance 1 vs 1.23 to block:0, "
+                   "in match levels)", "make the engine feed block:0 in slot 0", slot=0, expected="block:0",
+                   observed="block:1")
+    judged = Report(slots=[SlotVerdict(0, "block:0", "block:1", 0.5, distance=1.0, alternative="block:0",
+                                       alternative_distance=1.23)], findings=[near])
+
+    def report(acceptance: Acceptance, checked: bool = True) -> Report:
+        return live_report([], judged, acceptance, profile, {}, engine_layers_checked=checked)
+
+    settled = report(HEALTHY)
+    assert settled.status == "ok" and settled.exit_code == 0, settled.findings
+    (f,) = settled.findings
+    assert f.severity is Severity.INFO and not f.fix and "carries its trained source" in f.message
+    (slot,) = settled.slots
+    assert slot.observed_source == "unknown" and slot.candidates == ["block:1", "block:0"]
+    assert "<-- mismatch" not in settled.human() and "<-- ambiguous" in settled.human()
+    early = report(Acceptance(steps=20, mean_accept_length=2.8, per_position_rate=[0.72, 0.58, 0.5]))
+    assert early.status == "warning" and early.exit_code == 0
+    assert all("feed block:0" not in g.fix for g in early.findings), early.findings
+    collapsed = report(COLLAPSED)
+    assert collapsed.status != "ok" and collapsed.exit_code == 1
+    assert all("feed block:0" not in g.fix for g in collapsed.findings), collapsed.findings
+    # without the engine's record the statistics are the only evidence: critical, with the rewiring
+    alone = report(HEALTHY, checked=False)
+    assert alone.exit_code == 1 and "feed block:0" in alone.findings[0].fix

@@ -13,18 +13,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity
+from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings, bound
+from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.norm_flags import check_norm_flags
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.wiring import served_right
 from hs_tracer.profile.model import Profile
+from hs_tracer.sources import UNKNOWN
 
 LIVE_MATCH = ("The live features match the training profile slot by slot, so this does not bite in what is "
               "served now; it bites on a target with another layer count or an engine release that reads the "
               "ids another way.")
 LAYERS_RIGHT = ("The engine captures the layers the draft was trained on (its layers_to_capture matches the "
-                "profile), so this is not a layer wiring fault: the rows are off (see acceptance)")
+                "profile), so this is not a layer wiring fault: the rows' statistics differ from training's")
+LAYERS_RIGHT_FIX = ("no layer to rewire; if the acceptance, once judged, falls short of the profile's "
+                    "expectation, compare the live rows with the training rows (hs-tracer replay on a "
+                    "capture)")
 RECORD_DECIDES = ("The engine's own layers_to_capture matches the profile, so the slot carries its trained "
                   "source")
 _WIRING_CODES = (Code.LAYER_IDS_IGNORED, Code.LAYER_ID_CONVENTION, Code.DRAFT_INPUT_WIDTH_MISMATCH,
@@ -65,6 +69,21 @@ def recorded_wiring(recorded: Sequence[str] | None, profile: Profile | None) -> 
     return findings, not findings
 
 
+def _settled(f: Finding, steps: int) -> str:
+    """A statistics mismatch the engine's record overrules, said as what it is."""
+    measured = f.message[f.message.find(" (distance"):] if " (distance" in f.message else ""
+    return (f"slot {f.slot}'s statistics sit nearer {f.observed} than its trained {f.expected}{measured}. "
+            f"{RECORD_DECIDES}, and the acceptance over {steps} verify steps shows the draft working")
+
+
+def _not_told_apart(slot: SlotVerdict) -> SlotVerdict:
+    """A slot whose statistics sit nearer a neighbour while the engine's record feeds its trained
+    source: what the window shows is that it cannot tell the two apart."""
+    if slot.observed_source in (slot.expected_source, UNKNOWN):
+        return slot
+    return replace(slot, observed_source=UNKNOWN, candidates=[slot.observed_source, slot.expected_source])
+
+
 def live_report(
     static: Sequence[Finding],
     judged: Report | None,
@@ -82,17 +101,28 @@ def live_report(
         findings += [f for f in judged.findings if (f.code, f.slot) not in seen]
     if engine_layers_checked and profile is not None and judged is not None and not any(
             f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in static):
+        th = thresholds or AcceptanceThresholds()
+        steps = acceptance.steps if acceptance is not None else 0
+        working = (acceptance is not None and steps >= th.min_steps
+                   and not bound(acceptance, profile.expected_acceptance, th).collapsed)
         # The engine's own layers_to_capture already matched the profile's sources: a slot whose window
         # statistics sit nearer another layer is not a layer wiring fault (rejected draft tokens' rows,
-        # other requests' rows, a prompt shift move the statistics); it stays evidence, as a warning.
-        findings = [replace(f, severity=Severity.WARNING, message=f"{f.message}. {LAYERS_RIGHT}")
-                    if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.CRITICAL else f
+        # other requests' rows, a prompt shift move the statistics). Once the acceptance is judged and
+        # did not collapse, the record decides (the slot reads as not told apart, trained source among
+        # the candidates); before that it stays evidence, as a warning with nothing to rewire.
+        overruled = {f.slot for f in findings
+                     if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.CRITICAL}
+        findings = [f if f.slot not in overruled or f.code is not Code.SLOT_SOURCE_MISMATCH
+                    else replace(f, severity=Severity.INFO, fix="", message=_settled(f, steps)) if working
+                    else replace(f, severity=Severity.WARNING, fix=LAYERS_RIGHT_FIX,
+                                 message=f"{f.message}. {LAYERS_RIGHT}")
                     for f in findings]
+        if working:
+            judged = replace(judged, slots=[_not_told_apart(v) if v.index in overruled else v
+                                            for v in judged.slots])
         # A window that cannot tell the trained source from a neighbour is decided by that record once
         # the acceptance is judged (a collapse is then critical on its own): before that, nothing live
         # shows speculation working, and the ambiguity stays a warning.
-        th = thresholds or AcceptanceThresholds()
-        steps = acceptance.steps if acceptance is not None else 0
         pending = (f"The engine's own layers_to_capture matches the profile; the acceptance is judged from "
                    f"{th.min_steps} verify steps ({steps} so far)")
         findings = [(replace(f, severity=Severity.INFO, fix="", message=f"{f.message}. {RECORD_DECIDES}")

@@ -20,7 +20,7 @@ CHECKED_SGLANG := $(OLD_SGLANG)
 # a rotation of one release per further family whose CPU engine runs: `make test` takes the one at
 # position (day of the year, UTC) modulo its length, so each family's engine runs on a fixed day.
 ENGINE_EVERY_RUN := 0.5.12
-ENGINE_ROTATION := 0.5.22
+ENGINE_ROTATION := 0.5.22 0.5.21
 ENGINE_TODAY := $(if $(ENGINE_ROTATION),$(word $(shell expr $$(date -u +%j | sed 's/^0*//') % \
 	$(words $(ENGINE_ROTATION)) + 1),$(ENGINE_ROTATION)))
 ENGINE_SGLANG := $(ENGINE_EVERY_RUN) $(ENGINE_TODAY)

@@ -315,20 +315,22 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
     report_dir = Path(job["env"].get("HS_TRACER_REPORT_DIR", work / "reports"))
     shape = {k: v for k, v in job["engine"].items() if v is not None} if job["draft"] else {}
     workloads: dict[str, dict[str, Any]] = {}
+    verified = 0  # request-steps SGLang counted over the workloads so far (the report is cumulative)
     with output_to(work / "engine.log"), engine(job["target"], job["draft"], env=job["env"], **shape) as eng:
         for wl in job["workloads"]:
             key = "prompt" if isinstance(wl["prompts"][0], str) else "input_ids"
             sampling = {"temperature": 0.0, "max_new_tokens": wl["max_new_tokens"],
                         "ignore_eos": wl["ignore_eos"]}
             outs = eng.generate(**{key: wl["prompts"]}, sampling_params=sampling)
-            reports = settled_reports(report_dir) if job["traced"] else read_reports(report_dir)
+            verified += sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
+            reports = settled_reports(report_dir, verified) if job["traced"] else read_reports(report_dir)
             workloads[wl["name"]] = {
                 "prompts": wl["prompts"], "outputs": [o["text"] for o in outs],
                 "output_ids": [list(o["output_ids"]) for o in outs],
                 "meta": [o["meta_info"] for o in outs],
                 "schedulers": reports}
         time.sleep(job["linger_s"])
-        schedulers = settled_reports(report_dir) if job["traced"] else read_reports(report_dir)
+        schedulers = settled_reports(report_dir, verified) if job["traced"] else read_reports(report_dir)
     return {"workloads": workloads, "schedulers": schedulers, "pid": os.getpid()}
 
 

@@ -71,18 +71,28 @@ def read_reports(report_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(report_dir.glob("scheduler-*.json"))]
 
 
-def settled_reports(report_dir: Path) -> list[dict[str, Any]]:
-    """Wait until the recorder has caught up (the report stops changing), then read it."""
+def settled_reports(report_dir: Path, steps: int | None = None) -> list[dict[str, Any]]:
+    """Wait until the recorder has caught up, then read the reports: they stopped changing and, with
+    ``steps`` (the request-steps the engine itself counted), a report's acceptance counts that many
+    or tracing is off. Why both: a diagnosis of a real model's window can take longer than the
+    settling time, and the report holds still while the last steps are being judged. After 60 s,
+    whatever is there."""
     last, stable_since = None, time.monotonic()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         snapshot = [p.read_bytes() for p in sorted(report_dir.glob("scheduler-*.json"))]
         if snapshot != last:
             last, stable_since = snapshot, time.monotonic()
-        elif time.monotonic() - stable_since >= SETTLE_S:
-            break
+        elif snapshot and time.monotonic() - stable_since >= SETTLE_S:
+            reports = read_reports(report_dir)
+            if not steps or any(not r.get("enabled", True) or _acceptance_steps(r) >= steps for r in reports):
+                return reports
         time.sleep(0.25)
     return read_reports(report_dir)
+
+
+def _acceptance_steps(report: dict[str, Any]) -> int:
+    return ((report.get("diagnosis") or {}).get("acceptance") or {}).get("steps") or 0
 
 
 def run_engine(name: str, target: Path, draft: Path | None, prompts: list[str], *,

@@ -25,14 +25,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 # vLLM's CPU backend reserves this much KV cache (GiB) per engine: small, the machine is shared.
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "TOKENIZERS_PARALLELISM": "false"}
-SETTLE_S = 2.0  # the recorder refreshes the report every 0.5 s while steps arrive
 START_LOG = "TESTBED_ENGINE_START_LOG"
 
 
@@ -86,7 +84,9 @@ def _serve() -> None:
     for w in spec.get("workloads", []):
         out["workloads"][w["name"]] = serve(w)
     if report_dir:
-        out["reports"] = _settled_reports(Path(report_dir), _spec_counters(llm).get("num_drafts"))
+        from hs_tracer_testbed.demo import settled_reports
+
+        out["reports"] = settled_reports(Path(report_dir), _spec_counters(llm).get("num_drafts"))
     initial = os.environ.get("HS_TRACER_FAULT_INJECT")  # a startup hook's fault: injected from the start
     for name in spec.get("faults", []):
         st = _current() if name == initial else _inject(name)
@@ -131,26 +131,6 @@ def _minus(after: Any, before: Any) -> Any:
     if isinstance(after, list):
         return [a - b for a, b in zip(after, before, strict=False)]
     return after - before
-
-
-def _settled_reports(report_dir: Path, drafts: int | None) -> list[dict[str, Any]]:
-    """The reports once they stop changing and count as many request-steps as vLLM counted drafts
-    (``drafts``); after 60 s whatever is there."""
-    def read() -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in sorted(report_dir.glob("scheduler-*.json"))]
-
-    want, deadline = drafts, time.monotonic() + 60
-    last, stable_since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        snapshot = [p.read_bytes() for p in sorted(report_dir.glob("scheduler-*.json"))]
-        if snapshot != last:
-            last, stable_since = snapshot, time.monotonic()
-        elif snapshot and time.monotonic() - stable_since >= SETTLE_S:
-            steps = [((r.get("diagnosis") or {}).get("acceptance") or {}).get("steps") for r in read()]
-            if not want or want in steps:
-                break
-        time.sleep(0.25)
-    return read()
 
 
 def _count_start() -> None:

@@ -54,6 +54,8 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := $(VLLM_BIN)/python -m pip
+# Where `make test` keeps the output of what it runs beside the suite, a log per make target.
+TEST_LOGS := .cache/test-logs
 
 # Through the release's real CPU engine (the testbed, docs/versions.md): each EAGLE-3 worker traced
 # `ok`, the layer-id rule, greedy decoding lossless, a fault in each hook kind of its worker, and
@@ -61,7 +63,7 @@ VLLM_PIP := $(VLLM_BIN)/python -m pip
 RELEASE_ENGINE_TESTS := tests/test_release_engine.py tests/test_eagle_lossless.py \
 	tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged tests/test_faults_engine.py
 
-.PHONY: demo test test-fast test-vllm lint venv lock clean release-checks release-engine
+.PHONY: demo test test-fast test-vllm lint venv venv-vllm lock clean release-checks release-engine
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.
@@ -137,13 +139,17 @@ ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	tests/infra/prometheus.sh
 	@# A C compiler and Python headers: the tests build the probe's C graph-replay helper.
 	tests/infra/c_toolchain.sh $(BIN)/python
-	$(BIN)/python -m pytest
 ifneq ($(origin SGLANG),command line)
-	@# Every older release's checks, two releases at a time (each is one mostly single-threaded
-	@# interpreter), then the engine tests of the releases in ENGINE_SGLANG, one engine at a time.
-	$(MAKE) -j2 $(CHECKED_SGLANG:%=release-checks-%)
+	@# The suite in the foreground; beside it, one at a time (each mostly one single-threaded
+	@# process, the suite too), vLLM's venv and every older release's layer venv and checks, their
+	@# output in $(TEST_LOGS)/ (tests/infra/alongside.sh). Then the engine tests of the releases in
+	@# ENGINE_SGLANG, one engine at a time, and the vLLM tests.
+	@MAKE='$(MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm $(CHECKED_SGLANG:%=release-checks-%) \
+		-- $(BIN)/python -m pytest
 	$(foreach v,$(ENGINE_SGLANG),$(MAKE) release-engine SGLANG=$(v) &&) true
 	$(MAKE) test-vllm
+else
+	$(BIN)/python -m pytest
 endif
 else
 	$(MAKE) release-checks release-engine SGLANG=$(SGLANG)
@@ -161,6 +167,9 @@ release-engine: $(STAMP)
 
 release-checks-%:
 	$(MAKE) release-checks SGLANG=$*
+
+# vLLM's venv as one make target, for `make test`'s background.
+venv-vllm: $(VLLM_STAMP)
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
 test-fast: $(STAMP)

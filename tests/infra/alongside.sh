@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Run a foreground command (the newest release's suite, its output live) while make runs the given
+# targets in the background, one after another, each target's output in LOGDIR/TARGET.log.
+#
+# Why: `make test` runs on a 2-core CI machine, and the suite keeps about one core busy (its engine
+# tests are mostly single-threaded Python in the scheduler process). The older releases' checks and
+# vLLM's venv need nothing from the suite, so they run beside it instead of after it; one target at a
+# time keeps that to about one more busy core.
+#
+# Every target runs even after one failed (each log says what went wrong). At the end each target's
+# result is printed: its log's last line, or its log's tail if it failed. Exit status: the
+# foreground's if it failed (the background is stopped then, as a process group of its own, and
+# waited for: nothing is left running); else 1 if a target failed; else 0.
+#
+# Usage: MAKE=make tests/infra/alongside.sh LOGDIR TARGET... -- COMMAND...
+set -uo pipefail
+
+usage() { echo "usage: MAKE=make $0 LOGDIR TARGET... -- COMMAND..." >&2; exit 2; }
+[ $# -ge 1 ] || usage
+logdir=$1
+shift
+targets=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    targets+=("$1")
+    shift
+done
+[ $# -ge 2 ] || usage
+shift
+
+# The background: one target at a time, each leaving "EXIT-STATUS SECONDS" in LOGDIR/TARGET.status.
+run_targets() {
+    local logdir=$1 make=$2 target start
+    shift 2
+    for target in "$@"; do
+        start=$SECONDS
+        $make --no-print-directory "$target" >"$logdir/$target.log" 2>&1
+        echo "$? $((SECONDS - start))" >"$logdir/$target.status"
+    done
+}
+
+rm -rf "$logdir"
+mkdir -p "$logdir"
+echo "in the background, one at a time: ${targets[*]} (output in $logdir/TARGET.log)"
+# setsid: a process group of its own, so that stopping it reaches every process it started.
+setsid bash -c "$(declare -f run_targets); run_targets \"\$@\"" run_targets "$logdir" "${MAKE:-make}" \
+    "${targets[@]}" </dev/null &
+background=$!
+
+stop_background() {
+    [ -n "$background" ] || return 0
+    kill -TERM -- "-$background" 2>/dev/null
+    for _ in $(seq 50); do
+        kill -0 -- "-$background" 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -KILL -- "-$background" 2>/dev/null
+    wait "$background" 2>/dev/null
+    background=
+}
+trap stop_background EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+"$@"
+status=$?
+if [ "$status" != 0 ]; then
+    echo "$* failed (exit $status): stopping the background (its logs so far: $logdir)"
+    exit "$status"
+fi
+
+kill -0 "$background" 2>/dev/null && echo "waiting for the background: ${targets[*]}"
+wait "$background"
+background=
+
+failed=()
+for target in "${targets[@]}"; do
+    log=$logdir/$target.log
+    code=unknown seconds=0
+    [ -f "$logdir/$target.status" ] && read -r code seconds <"$logdir/$target.status"
+    took="$((seconds / 60)) min $((seconds % 60)) s"
+    if [ "$code" = 0 ]; then
+        echo "$target: ok ($took): $(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | sed 's/^=* *//; s/ *=*$//')"
+    else
+        echo "$target: FAILED (exit $code, $took); the end of $log:"
+        tail -n 40 "$log"
+        failed+=("$target")
+    fi
+done
+if [ ${#failed[@]} != 0 ]; then
+    echo "failed in the background: ${failed[*]} (logs in $logdir)"
+    exit 1
+fi

@@ -3,8 +3,8 @@
 #
 # SGLANG picks the SGLang release (docs/versions.md): the newest supported one lives in .venv, any
 # other in .venv-sglang-<release>/ beside it (`make venv SGLANG=0.5.12`, `make demo SGLANG=0.5.12`).
-# `make test` runs the whole suite on the newest release, then on each release in CHECKED_SGLANG the
-# checks of its real classes, and on the releases in ENGINE_SGLANG its engine tests too;
+# `make test` runs the whole suite on the newest release, beside it on each release in CHECKED_SGLANG
+# the checks of its real classes, then on the releases in ENGINE_SGLANG their engine tests;
 # `make test SGLANG=V` runs only the release-dependent tests (checks and engine tests), on V.
 
 PYTHON ?= python3

@@ -42,8 +42,8 @@ def test_production_package_imports_no_testbed() -> None:
 
 def test_wheel_of_the_production_package_has_no_testbed(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", ".cache", "build", "*.egg-info",
-                                                             "__pycache__"))
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", ".cache", "build",
+                                                             "*.egg-info", "__pycache__"))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
          str(tmp_path / "dist"), str(src)],

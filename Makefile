@@ -54,8 +54,11 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := $(VLLM_BIN)/python -m pip
-# Where `make test` keeps the output of what it runs beside the suite, a log per make target.
+# Where `make test` keeps the output of what it runs beside the suite, a log per make target, and
+# the make that runs them (named through a variable of its own, so that `make -n test` only prints
+# that line, as for any command that is not a sub-make).
 TEST_LOGS := .cache/test-logs
+BACKGROUND_MAKE = $(MAKE)
 
 # Through the release's real CPU engine (the testbed, docs/versions.md): each EAGLE-3 worker traced
 # `ok`, the layer-id rule, greedy decoding lossless, a fault in each hook kind of its worker, and
@@ -144,7 +147,7 @@ ifneq ($(origin SGLANG),command line)
 	@# process, the suite too), vLLM's venv and every older release's layer venv and checks, their
 	@# output in $(TEST_LOGS)/ (tests/infra/alongside.sh). Then the engine tests of the releases in
 	@# ENGINE_SGLANG, one engine at a time, and the vLLM tests.
-	@MAKE='$(MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm $(CHECKED_SGLANG:%=release-checks-%) \
+	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm $(CHECKED_SGLANG:%=release-checks-%) \
 		-- $(BIN)/python -m pytest
 	$(foreach v,$(ENGINE_SGLANG),$(MAKE) release-engine SGLANG=$(v) &&) true
 	$(MAKE) test-vllm

@@ -68,9 +68,16 @@ if [ "$status" != 0 ]; then
     exit "$status"
 fi
 
-kill -0 "$background" 2>/dev/null && echo "waiting for the background: ${targets[*]}"
+[ -f "$logdir/${targets[-1]}.status" ] || echo "waiting for the background (${targets[*]})"
 wait "$background"
 background=
+
+# A log's last line that says something (pytest's summary without its rulers), make's own
+# directory lines aside.
+last_line() {
+    grep -Ev '^[[:space:]]*$|^make(\[[0-9]+\])?: (Entering|Leaving) directory' "$1" | tail -n 1 |
+        sed 's/^=* *//; s/ *=*$//'
+}
 
 failed=()
 for target in "${targets[@]}"; do
@@ -79,7 +86,7 @@ for target in "${targets[@]}"; do
     [ -f "$logdir/$target.status" ] && read -r code seconds <"$logdir/$target.status"
     took="$((seconds / 60)) min $((seconds % 60)) s"
     if [ "$code" = 0 ]; then
-        echo "$target: ok ($took): $(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | sed 's/^=* *//; s/ *=*$//')"
+        echo "$target: ok ($took): $(last_line "$log")"
     else
         echo "$target: FAILED (exit $code, $took); the end of $log:"
         tail -n 40 "$log"

@@ -72,11 +72,14 @@ fi
 wait "$background"
 background=
 
-# A log's last line that says something (pytest's summary without its rulers), make's own
-# directory lines aside.
+# A log's summary: pytest's last line ("== 45 passed in 43.1s ==", without its rulers; warnings
+# printed at the interpreter's exit may follow it), else the last line that says something.
 last_line() {
-    grep -Ev '^[[:space:]]*$|^make(\[[0-9]+\])?: (Entering|Leaving) directory' "$1" | tail -n 1 |
-        sed 's/^=* *//; s/ *=*$//'
+    local summary
+    summary=$(grep -E '^=+ .* in [0-9.]+s( \(.*\))? =+$' "$1" | tail -n 1)
+    [ -n "$summary" ] ||
+        summary=$(grep -Ev '^[[:space:]]*$|^make(\[[0-9]+\])?: (Entering|Leaving) directory' "$1" | tail -n 1)
+    sed 's/^=* *//; s/ *=*$//' <<<"$summary"
 }
 
 failed=()

@@ -204,3 +204,53 @@ def test_the_engine_record_overrules_a_thin_statistics_mismatch_once_the_draft_i
     # without the engine's record the statistics are the only evidence: critical, with the rewiring
     alone = report(HEALTHY, checked=False)
     assert alone.exit_code == 1 and "feed block:0" in alone.findings[0].fix
+
+
+def test_the_engine_record_names_each_slot_where_the_window_reads_the_trained_source(
+        testbed, testbed_profile, tmp_path) -> None:
+    """The testbed draft miswired by its config (every id one lower) with windows whose last
+    slot, or every slot, sits at the trained source (a real model's neighbours can look so): each slot
+    is named as the engine's record feeds it, as its critical finding says, live (the startup check
+    of SGLang's layers_to_capture) and on a capture (its manifest) alike; the trained source the
+    statistics sat nearest stays the one to compare with."""
+    import numpy as np
+
+    from hs_tracer.diagnosis.verdict import recorded_wiring
+    from hs_tracer.diagnosis.wiring import capture, check_wiring
+    from hs_tracer.preflight.checkpoint import read_checkpoint
+    from hs_tracer.preflight.config import read_draft_config, read_target_config
+    from hs_tracer.preflight.runner import build_wiring
+    from hs_tracer.profile.model import Profile
+    from hs_tracer_testbed.evaluate import judge, pool_from_testbed
+    from hs_tracer_testbed.miswire import write_variant
+
+    profile = Profile.load(testbed_profile)
+    trained = list(profile.sources)
+    draft = write_variant(testbed.draft, tmp_path / "draft", "ids_shifted")
+    wiring = build_wiring(read_draft_config(draft), read_target_config(testbed.target),
+                          read_checkpoint(draft), "EAGLE3")
+    fed = capture(wiring).sources
+    assert all(f != t for f, t in zip(fed, trained, strict=True))
+    startup = check_wiring(wiring, trained)
+    codes = {(f.slot, f.code, f.severity) for f in startup if f.severity is Severity.CRITICAL}
+    assert codes == {(k, Code.LAYER_ID_CONVENTION, Severity.CRITICAL) for k in range(len(fed))}
+    from_capture, _matches = recorded_wiring(fed, profile)
+
+    pool = pool_from_testbed(testbed.target, docs=48, domain="train", seed=1234)
+    rng = np.random.default_rng(7)
+    for window in ([*fed[:-1], trained[-1]], trained):
+        judged = judge(profile, pool.window(window, 512, rng))
+        assert [s.observed_source for s in judged.slots][-1] == trained[-1]  # what misled the table
+        for static, checked in ((startup, True), (from_capture, False)):
+            report = live_report(static, judged, HEALTHY, profile, {}, engine_layers_checked=checked)
+            assert [s.observed_source for s in report.slots] == fed, report.human()
+            assert report.status == "miswired" and report.exit_code == 1, report.human()
+            critical = {f.slot: f.observed for f in report.findings if f.severity is Severity.CRITICAL}
+            assert critical == dict(enumerate(fed)), report.human()
+            last = report.slots[-1]
+            assert last.alternative == trained[-1] and last.distance is None and not last.candidates
+            assert f"sat nearest {trained[-1]} (trained)" in report.human()
+            # the window's own findings never name another source for a slot than the record does
+            named = [f for f in report.findings if f.slot is not None and f.observed
+                     and f.severity is not Severity.INFO]
+            assert all(f.observed == fed[f.slot] for f in named), report.human()

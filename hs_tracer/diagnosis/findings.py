@@ -86,7 +86,8 @@ class SlotVerdict:
     the slot's statistics from the observed source's, in multiples of that level; ``alternative`` is
     the source a reader would compare with (the trained one when another was observed, else the
     nearest other) at ``alternative_distance``. A preflight slot (from the config, nothing measured)
-    has no distance.
+    has no distance; nor has a slot the engine's record of what it feeds decides against the window,
+    whose ``alternative`` is then what the statistics sat nearest.
     """
 
     index: int
@@ -104,6 +105,11 @@ class SlotVerdict:
 
     def evidence(self) -> str:
         """The slot's evidence in words: what it matches, how near, and what the other candidate would be."""
+        if self.distance is None and self.alternative is not None:  # the engine's record overruled
+            trained = " (trained)" if self.alternative == self.expected_source else ""
+            at = "" if self.alternative_distance is None else f", distance {_num(self.alternative_distance)}"
+            return (f"(the engine's own record of the layers it feeds; the window's statistics sat nearest "
+                    f"{self.alternative}{trained}{at})")
         if self.distance is None:
             return "(SGLang's layer-id rule read from the config; nothing measured)"
         if self.observed_source == self.expected_source:

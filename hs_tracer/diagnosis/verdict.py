@@ -84,6 +84,39 @@ def _not_told_apart(slot: SlotVerdict) -> SlotVerdict:
     return replace(slot, observed_source=UNKNOWN, candidates=[slot.observed_source, slot.expected_source])
 
 
+def fed_by_record(static: Sequence[Finding]) -> dict[int, tuple[str, str]]:
+    """Per slot, (trained, fed) from the critical static wiring findings that name the source the
+    engine really feeds it: its own layers_to_capture at startup, or a capture's record. Why: that
+    record is exact, window statistics are inference; a report names one source per slot."""
+    return {f.slot: (f.expected, f.observed) for f in static
+            if f.code in _WIRING_CODES and f.severity is Severity.CRITICAL and f.slot is not None
+            and f.expected is not None and f.observed not in (None, UNKNOWN)}
+
+
+def _as_recorded(slot: SlotVerdict, fed: str) -> SlotVerdict:
+    """A slot the engine's record feeds ``fed``: named so, with what the window's statistics sat
+    nearest kept as the source to compare with (no distance: the record, not a measurement, decides)."""
+    if slot.observed_source == fed:
+        return slot
+    nearest = slot.observed_source if slot.observed_source != UNKNOWN else (slot.candidates or [None])[0]
+    return replace(slot, observed_source=fed, score=0.0, margin=None, distance=None, candidates=None,
+                   alternative=nearest,
+                   alternative_distance=slot.distance if nearest is not None else None)
+
+
+def _follows_record(f: Finding, fed: Mapping[int, tuple[str, str]]) -> Finding:
+    """A window finding on a slot the engine's record decides: kept where it names the recorded
+    source, else said as the statistics' reading the record overrules (the record's own critical
+    finding carries the slot)."""
+    if f.slot not in fed or f.code not in (Code.SLOT_SOURCE_MISMATCH, Code.FEATURE_DRIFT):
+        return f
+    _trained, got = fed[f.slot]
+    if f.observed == got:
+        return f
+    return replace(f, severity=Severity.INFO, fix="",
+                   message=f"{f.message}. The engine's own record feeds slot {f.slot} {got}, which decides")
+
+
 def live_report(
     static: Sequence[Finding],
     judged: Report | None,
@@ -97,7 +130,13 @@ def live_report(
     first window or without a profile)."""
     findings = list(static)
     seen = {(f.code, f.slot) for f in findings}
+    recorded = fed_by_record(static)
     if judged is not None:
+        # the engine's record of what each slot is fed decides before the window's statistics do
+        judged = replace(judged, slots=[_as_recorded(v, recorded[v.index][1])
+                                        if recorded.get(v.index, (None,))[0] == v.expected_source else v
+                                        for v in judged.slots],
+                         findings=[_follows_record(f, recorded) for f in judged.findings])
         findings += [f for f in judged.findings if (f.code, f.slot) not in seen]
     if engine_layers_checked and profile is not None and judged is not None and not any(
             f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in static):

@@ -104,6 +104,14 @@ def _as_recorded(slot: SlotVerdict, fed: str) -> SlotVerdict:
                    alternative_distance=slot.distance if nearest is not None else None)
 
 
+def slots_as_recorded(static: Sequence[Finding], slots: Sequence[SlotVerdict]) -> list[SlotVerdict]:
+    """The window's slot verdicts with each slot the engine's record decides named as fed: what the
+    report's slot table says, and so what the slot metrics say."""
+    recorded = fed_by_record(static)
+    return [_as_recorded(v, recorded[v.index][1]) if recorded.get(v.index, (None,))[0] == v.expected_source
+            else v for v in slots]
+
+
 def _follows_record(f: Finding, fed: Mapping[int, tuple[str, str]]) -> Finding:
     """A window finding on a slot the engine's record decides: kept where it names the recorded
     source, else said as the statistics' reading the record overrules (the record's own critical
@@ -133,9 +141,7 @@ def live_report(
     recorded = fed_by_record(static)
     if judged is not None:
         # the engine's record of what each slot is fed decides before the window's statistics do
-        judged = replace(judged, slots=[_as_recorded(v, recorded[v.index][1])
-                                        if recorded.get(v.index, (None,))[0] == v.expected_source else v
-                                        for v in judged.slots],
+        judged = replace(judged, slots=slots_as_recorded(static, judged.slots),
                          findings=[_follows_record(f, recorded) for f in judged.findings])
         findings += [f for f in judged.findings if (f.code, f.slot) not in seen]
     if engine_layers_checked and profile is not None and judged is not None and not any(

@@ -289,6 +289,7 @@ class Analysis:
         process runs, so more tokens only sharpen the verdict); the drift score is that of the
         windows closed since the previous diagnosis."""
         from hs_tracer.diagnosis.identity import diagnose_detailed
+        from hs_tracer.diagnosis.verdict import slots_as_recorded
 
         if self.profile is None or self.live is None:
             return
@@ -300,9 +301,10 @@ class Analysis:
         latest = detailed if window is self.live else diagnose_detailed(
             window, self.profile, nonfinite=0, width=width)
         drift = [m.drift_score for m in latest.matches]
-        self._prom.record_slots(judged.slots, drift)
+        slots = slots_as_recorded(self.setup.static_findings, judged.slots)  # as the report names them
+        self._prom.record_slots(slots, drift)
         if self._otel is not None:
-            self._otel.record_slots(judged.slots)
+            self._otel.record_slots(slots)
         self.judged = judged
 
     def refresh(self) -> None:

@@ -34,7 +34,7 @@ def replays(engines, testbed, testbed_profile) -> dict[str, Any]:
             code = cli(["replay", str(run.work / "capture"), "--draft", str(run.work / "draft")
                         if engine != "correct" else str(testbed.draft), "--target",
                         str(testbed.target), "--training-data", str(testbed.specforge_data), "--profile",
-                        str(testbed_profile), "--max-tokens", "3000", "--json"])
+                        str(testbed_profile), "--json"])
         out[name] = (code, json.loads(buf.getvalue()))
     return out
 

@@ -38,6 +38,14 @@ def test_sequences_that_vary_among_themselves_widen_the_spread() -> None:
     assert rule.spread(mixed, 512) > 1.5 * rule.spread(even, 512)
 
 
+def test_a_small_training_pool_does_not_shrink_the_spread() -> None:
+    """Windows taking most of a small pool overlap; the scatter of a capture that size does not."""
+    rng = np.random.default_rng(3)
+    pool = [(int(rng.binomial(20, q)), 20) for q in rng.uniform(0.4, 0.95, 4000)]  # requests vary
+    n = 2400  # scored tokens of the capture; the small pool holds 3,000
+    assert rule.spread(pool[:150], n) > 0.75 * rule.spread(pool, n)
+
+
 def test_level_lies_below_training_by_the_allowance_and_z_spreads() -> None:
     seqs = _sequences(1000, 0.7)
     level = rule.training_level(seqs, 512)

@@ -57,6 +57,7 @@ class ReplayResult:
     baseline: float
     sequences: int
     cached_prefix_sequences: int
+    dropped_captures: int = 0  # steps the engine's capture writer dropped (behind, or over the bound)
     training: Agreement | None = None
     training_path: Path | None = None
     candidates: list[Candidate] = field(default_factory=list)
@@ -139,6 +140,7 @@ class ReplayResult:
             "status": self.status,
             "capture": {"path": str(self.capture), "sequences": self.sequences,
                         "cached_prefix_sequences": self.cached_prefix_sequences,
+                        "dropped_captures": self.dropped_captures,
                         "tokens": self.as_served.result.total if self.as_served.result else 0,
                         "agreement": _r(self.as_served.result), "slot_sources": self.slot_sources,
                         "slot_evidence": self.slot_evidence},
@@ -386,6 +388,7 @@ def _replay(capture: Path, draft_dir: Path, target_dir: Path | None, training: P
         trained_from=trained_from, as_served=cands[0], tokens_only=agreement(draft, seqs, ident, zero=True),
         baseline=unigram_baseline(seqs), sequences=len(seqs),
         cached_prefix_sequences=sum(1 for s in seqs if s.first_position > 0), candidates=cands,
+        dropped_captures=manifest.skipped,
     )
     if training is not None:
         train_seqs, train_nonfinite, _ = D.finite_only(D.load_training(training, k, h, max_tokens))
@@ -407,7 +410,9 @@ def human(result: ReplayResult) -> str:
     cap = d["capture"]
     lines = [f"capture: {cap['path']}: {cap['sequences']} prefill sequences, {cap['tokens']} scored tokens"
              + (f" ({cap['cached_prefix_sequences']} after a cached prefix)" if cap["cached_prefix_sequences"]
-                else "")]
+                else "")
+             + (f"; {cap['dropped_captures']} captured steps were dropped (the writer fell behind or a shard "
+                "exceeded the size bound)" if cap["dropped_captures"] else "")]
     for j, (src, ev) in enumerate(zip(cap["slot_sources"], cap["slot_evidence"], strict=True)):
         lines.append(f"  slot {j}: {src:<10} ({ev})")
     lines.append(f"trained on: {', '.join(d['trained_sources']) or '?'} ({d['trained_sources_from']})")

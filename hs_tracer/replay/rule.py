@@ -9,7 +9,8 @@ itself (the draft's own variability, like the diagnosis thresholds), and allows 
     level(n) = training × (1 - ALLOWANCE) - Z × spread(n)
 
 ``spread(n)``: the standard deviation of agreement over ``WINDOWS`` seeded windows of whole training
-sequences holding ``n`` tokens (``n``: the capture's scored tokens), at least the binomial
+sequences holding ``n`` tokens (``n``: the capture's scored tokens; measured at a quarter of the
+training tokens when ``n`` is larger, and scaled by ``1/sqrt(n)``), at least the binomial
 ``sqrt(p(1-p)/n)``. ``ALLOWANCE`` and ``Z`` are calibrated on the testbed by
 ``benchmarks/replay_rule.py`` (results in ``benchmarks/results/replay_rule.json``; the measured
 false-alarm and detection rates are in docs/replay.md).
@@ -31,6 +32,10 @@ MIN_TOKENS = 256
 """Captures with fewer scored tokens scatter with a heavier tail than Z covers (docs/replay.md)."""
 WINDOWS = 256
 SEED = 0
+POOL_SHARE = 4
+"""Windows hold at most 1/POOL_SHARE of the training tokens: windows taking most of a small pool overlap
+and scatter less than captures do (2,874 training tokens: 0.013 at 1,882 tokens against 0.022 on the
+whole 19,190-token dump), so the scatter is measured there and scaled by 1/sqrt(tokens)."""
 
 
 def window_rates(by_sequence: Sequence[tuple[int, int]], tokens: int, windows: int = WINDOWS,
@@ -60,7 +65,9 @@ def spread(by_sequence: Sequence[tuple[int, int]], tokens: int, windows: int = W
         return 1.0
     p = counts[:, 0].sum() / total
     binomial = math.sqrt(p * (1 - p) / tokens)
-    return max(float(np.std(window_rates(counts, tokens, windows, seed))), binomial)
+    measured = min(tokens, max(total // POOL_SHARE, 1))
+    windowed = float(np.std(window_rates(counts, measured, windows, seed))) * math.sqrt(measured / tokens)
+    return max(windowed, binomial)
 
 
 @dataclass(frozen=True)

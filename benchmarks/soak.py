@@ -2,8 +2,8 @@
 
 ``soak``: the CPU testbed (real SGLang 0.5.23, EAGLE-3) serves many concurrent requests for a while
 with HS_TRACER=1; the scheduler's RSS is sampled throughout, and at the end hs_tracer's own counters
-(scraped from its /metrics) are compared with SGLang's per-request counts (``spec_verify_ct``,
-``spec_num_correct_drafts`` in each response's meta_info).
+(scraped from its /metrics) are compared with SGLang's per-request counts (``spec_verify_ct`` and the
+accepted drafts, ``spec_num_correct_drafts`` from 0.5.12 on, in each response's meta_info).
 
 ``faults``: one traced engine serving request batches while, in turn, the OTLP collector is slow
 (accepts, never answers) and then down (refused), hs_tracer's /metrics has stalled scrapers hanging on
@@ -132,8 +132,10 @@ class Server:
         }
         self.prompts = corpus_prompts(seed=4321, n=64)
         self.max_new_tokens = max_new_tokens
-        self.sglang = {"requests": 0, "completion_tokens": 0, "spec_verify_ct": 0,
-                       "spec_num_correct_drafts": 0}
+        from hs_tracer.integrations.sglang.versions import installed_meta_counters
+
+        self.accepted_key = installed_meta_counters().accepted_drafts  # meta_info's key, as results name it
+        self.sglang = {"requests": 0, "completion_tokens": 0, "spec_verify_ct": 0, self.accepted_key: 0}
         self.incomplete = 0
         from hs_tracer_testbed.runtime.launcher import start_engine
 
@@ -161,7 +163,7 @@ class Server:
                 self.sglang["requests"] += 1
                 self.sglang["completion_tokens"] += int(meta["completion_tokens"])
                 self.sglang["spec_verify_ct"] += int(meta.get("spec_verify_ct", 0))
-                self.sglang["spec_num_correct_drafts"] += int(meta.get("spec_num_correct_drafts", 0))
+                self.sglang[self.accepted_key] += int(meta.get(self.accepted_key, 0))
                 if int(meta["completion_tokens"]) != self.max_new_tokens:
                     self.incomplete += 1
                 i += concurrency
@@ -189,7 +191,7 @@ class Server:
         self.engine.shutdown()
 
 
-def agreement(m: dict[str, float], sglang: dict[str, int]) -> dict[str, Any]:
+def agreement(m: dict[str, float], sglang: dict[str, int], accepted_key: str) -> dict[str, Any]:
     return {
         "hs_tracer": {"drafts": int(m.get("hs_tracer_drafts_total", -1)),
                       "accepted_tokens": int(m.get("hs_tracer_accepted_tokens_total", -1)),
@@ -201,7 +203,7 @@ def agreement(m: dict[str, float], sglang: dict[str, int]) -> dict[str, Any]:
         "sglang": dict(sglang),
         "drafts_equal": int(m.get("hs_tracer_drafts_total", -1)) == sglang["spec_verify_ct"],
         "accepted_equal": (int(m.get("hs_tracer_accepted_tokens_total", -1))
-                           == sglang["spec_num_correct_drafts"]),
+                           == sglang[accepted_key]),
     }
 
 
@@ -248,7 +250,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "max_new_tokens": args.max_new_tokens, "queue_size": args.queue_size or 1024,
         "requests": srv.sglang["requests"], "incomplete_requests": srv.incomplete,
         "requests_per_s": round(srv.sglang["requests"] / served_s, 2),
-        "counts": agreement(metrics, srv.sglang),
+        "counts": agreement(metrics, srv.sglang, srv.accepted_key),
         "scheduler_rss_mib": {"first_quarter_median": round(sorted(first)[len(first) // 2] / 2**20, 1),
                               "last_quarter_median": round(sorted(last)[len(last) // 2] / 2**20, 1),
                               "min": round(min(rss) / 2**20, 1), "max": round(max(rss) / 2**20, 1)},
@@ -307,7 +309,7 @@ def faults(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mode": "faults", "machine": machine(), "phases": phases,
         "requests": srv.sglang["requests"], "incomplete_requests": srv.incomplete,
-        "counts": agreement(metrics, srv.sglang),
+        "counts": agreement(metrics, srv.sglang, srv.accepted_key),
         "capture": {"tmpfs_bytes": tmpfs_bytes, "tmpfs_used_bytes": disk_used.used,
                     "sink": report.get("capture_sink"),
                     "stopped_log_lines": [ln for ln in tracer_lines if "capture stopped" in ln]},

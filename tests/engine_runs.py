@@ -106,6 +106,8 @@ class EngineSpec:
 FAMILY = versions.installed_family()
 OLDER_RELEASE = FAMILY is not None and sglang_releases.release_of(versions.installed_version() or "") != \
     sglang_releases.NEWEST_RELEASE
+# The keys of SGLang's per-request speculative counters in meta_info (renamed after 0.5.11).
+COUNTERS = versions.installed_meta_counters()
 _TREE = {"spec_steps": 3, "topk": 2, "num_draft_tokens": 6}
 
 # The fault-injection engines: one real-engine fault per hook kind (every hook is faulted in-process on

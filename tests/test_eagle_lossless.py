@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine_runs import ENGINES, FAMILY, OLDER_RELEASE
+from tests.engine_runs import COUNTERS, ENGINES, FAMILY, OLDER_RELEASE
 
 CHAIN3 = f"correct:{FAMILY.workers[0]}" if OLDER_RELEASE else "untraced"
 SHAPES = {"chain1": "fault:startup", "chain3": CHAIN3, "tree3": "fault:per-step before"}
@@ -51,9 +51,9 @@ def test_greedy_eagle3_commits_exactly_the_plain_tokens(engines, name: str) -> N
     assert all(v > 0 for v in verify)
     histogram = [0] * (steps + 1)
     for m in meta:
-        for n, count in enumerate(m["spec_correct_drafts_histogram"]):
+        for n, count in enumerate(m[COUNTERS.accept_histogram]):
             histogram[n] += count
     assert histogram[steps] > 0, histogram
     assert sum(histogram) == sum(verify)
-    mean_accept_length = 1 + sum(m["spec_num_correct_drafts"] for m in meta) / sum(verify)
+    mean_accept_length = 1 + sum(m[COUNTERS.accepted_drafts] for m in meta) / sum(verify)
     assert 1.0 < mean_accept_length <= steps + 1

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine_runs import ENGINES, FAULT_ENGINES, OLDER_RELEASE
+from tests.engine_runs import COUNTERS, ENGINES, FAULT_ENGINES, OLDER_RELEASE
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
@@ -65,7 +65,7 @@ def test_correct_wiring_stays_ok_with_prefix_reuse_and_long_prompts(engines) -> 
 def test_tracing_changes_neither_tokens_nor_acceptance(engines) -> None:
     traced, untraced = engines["correct"], engines["untraced"]
     assert traced.output_ids("lossless") == untraced.output_ids("lossless")
-    counters = ("spec_verify_ct", "spec_num_correct_drafts")
+    counters = ("spec_verify_ct", COUNTERS.accepted_drafts)
     assert [[m[c] for c in counters] for m in traced.meta("lossless")] == \
         [[m[c] for c in counters] for m in untraced.meta("lossless")]
     assert untraced.schedulers == []

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from hs_tracer import sources
-from tests.engine_runs import EngineSpec
+from tests.engine_runs import COUNTERS, EngineSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
@@ -44,7 +44,7 @@ def test_hs_tracers_accept_length_is_sglangs(real_engines) -> None:
     spec = real_engines.run("real:correct", CORRECT)
     meta = spec.meta("real")
     steps = sum(m["spec_verify_ct"] for m in meta)
-    sglang_mean = 1 + sum(m["spec_num_correct_drafts"] for m in meta) / steps
+    sglang_mean = 1 + sum(m[COUNTERS.accepted_drafts] for m in meta) / steps
     acceptance = spec.diagnosis_after("real")["acceptance"]
     assert acceptance["steps"] == steps
     assert acceptance["mean_accept_length"] == pytest.approx(sglang_mean, abs=1e-9)

@@ -102,3 +102,20 @@ def test_release_numbers_appear_in_hs_tracers_python_only_in_the_adapters() -> N
              for path in sorted(package.rglob("*.py")) if "sglang_releases" not in path.parts
              for n, line in enumerate(path.read_text().splitlines(), 1) if named.search(line)]
     assert found == []
+
+
+def test_the_installed_releases_meta_counters_are_the_keys_it_writes() -> None:
+    """The counter keys the engine tests and benchmarks read (its family's ``meta_counters``) are the
+    ones the installed release's tokenizer manager writes into a response's meta_info: a renamed
+    key would make a lossless or agreement check read nothing (make test runs this on every
+    supported release)."""
+    import importlib.util
+
+    from hs_tracer.integrations.sglang import versions
+
+    spec = importlib.util.find_spec("sglang.srt.managers.tokenizer_manager")
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).read_text()
+    counters = versions.installed_meta_counters()
+    for key in (counters.accepted_drafts, counters.accept_histogram):
+        assert f'meta_info["{key}"]' in source, (versions.installed_version(), key)

@@ -2,8 +2,8 @@
 
 A family is a group of releases whose internals agree. Its adapter module (``v0_5_22.py``, ...)
 builds one :class:`ReleaseFamily`: the hooks (target, handler, phase, what they read), the layer-id
-rules its ``set_eagle3_layers_to_capture`` applies, the layout of its EAGLE-3 draft classes and the
-scheduler entry that loads plugins.
+rules its ``set_eagle3_layers_to_capture`` applies, the layout of its EAGLE-3 draft classes, the
+scheduler entry that loads plugins and the keys of its per-request speculative counters.
 """
 
 from __future__ import annotations
@@ -68,6 +68,15 @@ class DraftLayout:
 
 
 @dataclass(frozen=True)
+class MetaCounters:
+    """The keys of SGLang's own per-request speculative counters in a response's ``meta_info``: the
+    tests and benchmarks compare hs_tracer's counts with them, and a release renamed them."""
+
+    accepted_drafts: str = "spec_num_correct_drafts"  # accepted draft tokens over the request
+    accept_histogram: str = "spec_correct_drafts_histogram"  # verify steps per accepted-draft count
+
+
+@dataclass(frozen=True)
 class ReleaseFamily:
     """Releases whose hook targets, signatures, scheduler entry, layer-id rules and draft classes agree."""
 
@@ -88,6 +97,8 @@ class ReleaseFamily:
     # Where a release inside the family changed a draft class (its hooks did not change):
     # (first release, the layouts from it on), newest first.
     draft_layouts_from: tuple[tuple[str, Mapping[str, DraftLayout]], ...] = ()
+    # Its responses' counter keys (the defaults: 0.5.12 on).
+    meta_counters: MetaCounters = MetaCounters()
 
     def hooks_for(self, worker: str) -> tuple[Hook, ...]:
         return tuple(h for h in self.hooks if h.worker in ("", worker))

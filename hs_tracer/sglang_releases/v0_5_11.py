@@ -1,11 +1,12 @@
 """SGLang 0.5.11: as 0.5.12, but its results carry no draft-token count and name the accepted drafts
-``num_accepted_drafts_*``; its Llama draft has neither norm nor ``num_aux_hidden_states``. Its
-layer-id rules are also those of 0.5.9 and 0.5.10, which have no plugin system."""
+``num_accepted_drafts_*`` (its responses' counters too: ``meta_counters``); its Llama draft has
+neither norm nor ``num_aux_hidden_states``. Its layer-id rules are also those of 0.5.9 and 0.5.10,
+which have no plugin system."""
 
 from __future__ import annotations
 
 from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import Hook, LayerIdRules, Phase, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import Hook, LayerIdRules, MetaCounters, Phase, ReleaseFamily
 
 FAMILY = ReleaseFamily(
     name="0.5.11",
@@ -31,4 +32,6 @@ FAMILY = ReleaseFamily(
     draft_layouts={},  # every draft class read leniently
     worker_env=s.V1_ENV,
     check_only=("0.5.9", "0.5.10"),
+    meta_counters=MetaCounters(accepted_drafts="spec_accepted_drafts",
+                               accept_histogram="spec_accept_histogram"),
 )

@@ -20,7 +20,7 @@ import re
 import sys
 
 from hs_tracer.sglang_releases import FAMILIES, family_for, is_untested, rules_release, supported_text
-from hs_tracer.sglang_releases.adapter import Hook, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import Hook, MetaCounters, ReleaseFamily
 
 
 def hook_name(handler: str) -> str:
@@ -60,6 +60,12 @@ def installed_version() -> str | None:
 
 def installed_family() -> ReleaseFamily | None:
     return family_for(installed_version())
+
+
+def installed_meta_counters() -> MetaCounters:
+    """The keys of the installed release's per-request speculative counters in ``meta_info`` (the
+    newest family's where no supported release is installed)."""
+    return (installed_family() or FAMILIES[0]).meta_counters
 
 
 def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = None) -> list[str]:

@@ -24,8 +24,8 @@ once if it is already imported, so installing them costs nothing at interpreter 
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
 
-An older SGLang release gets its own module on top (:func:`release_patches`: 0.5.12 in
-:mod:`.release_0_5_12`, 0.5.16 to 0.5.19 in :mod:`.release_0_5_16`).
+An older SGLang release gets its own module on top (:func:`release_patches`: 0.5.11 to 0.5.15 in
+:mod:`.release_0_5_11`, 0.5.16 to 0.5.19 in :mod:`.release_0_5_16`).
 """
 
 from __future__ import annotations
@@ -154,12 +154,12 @@ def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], 
     the newest; read from the distribution's metadata, without importing SGLang)."""
     from hs_tracer.integrations.sglang.versions import installed_version
     from hs_tracer.sglang_releases import release_of
-    from hs_tracer_testbed.runtime import release_0_5_12, release_0_5_16
+    from hs_tracer_testbed.runtime import release_0_5_11, release_0_5_16
 
     version = installed_version()
     release = release_of(version) if version is not None else None
-    if release == release_0_5_12.RELEASE:
-        return release_0_5_12.ENV, release_0_5_12.PATCHES
+    if release in release_0_5_11.RELEASES:
+        return release_0_5_11.ENV, release_0_5_11.patches(release)
     if release in release_0_5_16.RELEASES:
         return release_0_5_16.ENV, release_0_5_16.PATCHES
     return {}, {}

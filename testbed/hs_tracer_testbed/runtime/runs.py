@@ -80,8 +80,10 @@ def run_configs(
     """Start one engine per config (sequentially), greedy-generate ``prompts`` (texts or token
     ids) in one batch, shut it down. Must run in a process where SGLang was not imported yet.
     ``ignore_eos`` (default) makes every output exactly ``max_new_tokens`` long."""
+    from hs_tracer.integrations.sglang.versions import installed_meta_counters
     from hs_tracer_testbed.runtime.launcher import engine
 
+    counters = installed_meta_counters()
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
     key = "input_ids" if prompts and not isinstance(prompts[0], str) else "prompt"
     results = []
@@ -100,7 +102,7 @@ def run_configs(
         meta = [o["meta_info"] for o in outs]
         histogram: list[int] = []
         for m in meta:
-            for n, count in enumerate(m.get("spec_correct_drafts_histogram") or []):
+            for n, count in enumerate(m.get(counters.accept_histogram) or []):
                 histogram.extend([0] * (n + 1 - len(histogram)))
                 histogram[n] += count
         results.append(
@@ -108,7 +110,7 @@ def run_configs(
                 config=cfg,
                 output_ids=[o["output_ids"] for o in outs],
                 verify_steps=[m.get("spec_verify_ct", 0) for m in meta] if cfg.spec_steps else [],
-                correct_drafts=[m.get("spec_num_correct_drafts", 0) for m in meta] if cfg.spec_steps else [],
+                correct_drafts=[m.get(counters.accepted_drafts, 0) for m in meta] if cfg.spec_steps else [],
                 correct_drafts_histogram=histogram,
                 startup_s=up - start,
                 generate_s=done - up,

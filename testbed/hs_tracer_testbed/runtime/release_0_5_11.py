@@ -1,36 +1,40 @@
-"""The CPU testbed's changes for SGLang 0.5.12 (on top of :mod:`.patches`), never applied by the
-production plugin: what it takes to serve EAGLE-3 on 0.5.12 without a GPU.
+"""The CPU testbed's changes for SGLang 0.5.11 to 0.5.15 (on top of :mod:`.patches`), never applied
+by the production plugin: what it takes to serve EAGLE-3 on these releases without a GPU.
 
-0.5.12 has no CPU attention backend for EAGLE: its ``DraftBackendFactory`` maps no CPU backend
-(``EAGLE is not supported in decode attention backend intel_amx``), its ``IntelAMXAttnBackend``
+They have no CPU attention backend for EAGLE: their ``DraftBackendFactory`` maps no CPU backend
+(``EAGLE is not supported in decode attention backend intel_amx``), their ``IntelAMXAttnBackend``
 knows neither the verify step nor draft decode steps and calls the C++ ops with an older argument
-list than the testbed's pure-torch ops take. SGLang 0.5.23 added both for CPU
-(``IntelAMXAttnBackend`` with verify metadata and per-step draft metadata, and
-``IntelAMXMultiStepDraftBackend`` built from one such backend per draft step). This module gives
-0.5.12 the same, in pure torch over the testbed's kernels:
+list than the testbed's pure-torch ops take. SGLang 0.5.16 added both for CPU (``IntelAMXAttnBackend``
+with verify metadata and per-step draft metadata, and ``IntelAMXMultiStepDraftBackend`` built from
+one such backend per draft step). This module gives 0.5.11 to 0.5.15 the same, in pure torch over
+the testbed's kernels:
 
-* :class:`CpuAttnBackend` replaces ``intel_amx`` in 0.5.12's attention registry: prefill and draft
-  extend, the verify step (each request extends by its draft tokens; with topk > 1 the tree mask
-  SGLang built decides what a draft token sees), and decode steps;
+* :class:`CpuAttnBackend` replaces ``intel_amx`` in the release's attention registry: prefill and
+  draft extend, the verify step (each request extends by its draft tokens; with topk > 1 the tree
+  mask SGLang built decides what a draft token sees), and decode steps;
 * :class:`CpuMultiStepDraftBackend` is one :class:`CpuAttnBackend` per draft step, each seeing the
   request's prefix plus the draft tokens up to its step (0.5.23's layout), registered for
   ``intel_amx`` in ``DraftBackendFactory``;
-* the two EAGLE tree ops that 0.5.12 only calls on CUDA (``build_tree_kernel_efficient``, and
-  ``verify_tree_greedy``, which 0.5.12 skips on other devices without a word) call the testbed's
+* the two EAGLE tree ops that these releases only call on CUDA (``build_tree_kernel_efficient``,
+  and ``verify_tree_greedy``, which they skip on other devices without a word) call the testbed's
   pure-torch versions;
-* ``server_args`` keeps ``attention_backend="intel_amx"`` (0.5.12 falls back to ``torch_native``
-  on CPUs without AMX, and the draft factory has no entry for that either);
+* ``server_args`` keeps ``attention_backend="intel_amx"`` (it falls back to ``torch_native`` on CPUs
+  without AMX, and the draft factory has no entry for that either); from 0.5.15 on that fallback
+  sits in ``arg_groups.overrides``, which :mod:`.patches` already answers;
 * ``LlamaForCausalLM.set_embed``/``set_embed_and_head`` (the EAGLE-3 draft shares the target's
   embedding) end with ``torch.cuda.synchronize()``, which raises without CUDA: a no-op there;
 * the draft KV pool warms up a Triton KV-copy kernel that follows raw device pointers (no
   interpreter can run it): no warm-up, and ``SGLANG_NATIVE_MOVE_KV_CACHE=1`` moves KV in torch;
-* the V2 worker and its overlap scheduler mark tensors with ``Tensor.record_stream`` (in
-  ``FutureMap.resolve_future`` and ``EAGLEWorkerV2.verify``), which raises for a CPU tensor (0.5.23
-  skips it on CPU): for CPU tensors a no-op there;
+* the overlap scheduler's ``FutureMap`` marks tensors with ``Tensor.record_stream``, which raises
+  for a CPU tensor (0.5.23 skips it on CPU): for CPU tensors a no-op there (``resolve_future``
+  before 0.5.13, ``_resolve_spec_extras`` from 0.5.13 on). Before 0.5.13 ``EAGLEWorkerV2.verify``
+  calls it too; from 0.5.13 on verify goes through helpers that skip non-CUDA tensors;
 * the V2 worker's verify step asks ``assign_extend_cache_locs_func`` for its cache slots, which
   returns nothing on a CPU (no branch for it): on a CPU it runs the release's own Triton kernel, as
-  on CUDA (interpreted, below);
-* :data:`ENV`: 0.5.12's EAGLE path runs its small bookkeeping kernels (cache-slot assignment,
+  on CUDA (interpreted, below). The function lives in ``speculative.eagle_info_v2`` before 0.5.13
+  and in ``speculative.triton_ops.cache_locs`` from 0.5.13 on (imported by name from there, so it
+  is replaced before any importer runs);
+* :data:`ENV`: the EAGLE path runs its small bookkeeping kernels (cache-slot assignment,
   draft-extend inputs) in Triton on CPU tensors; Triton's interpreter runs them on the host.
 """
 
@@ -45,12 +49,12 @@ import torch
 
 from hs_tracer_testbed.runtime.kernels import attention, speculative
 
-RELEASE = "0.5.12"
+RELEASES = ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15")
 ENV = {"TRITON_INTERPRET": "1", "SGLANG_NATIVE_MOVE_KV_CACHE": "1"}
 
 
 class CpuAttnBackend:
-    """Pure-torch CPU attention for 0.5.12 (an ``AttentionBackend`` once :func:`_backend_class`
+    """Pure-torch CPU attention for these releases (an ``AttentionBackend`` once :func:`_backend_class`
     has mixed in SGLang's base class): the testbed's ``extend_attention``/``decode_attention``."""
 
     def __init__(self, model_runner: Any) -> None:
@@ -125,7 +129,7 @@ class CpuAttnBackend:
 
 
 def _draft_blocks(custom_mask: torch.Tensor, seq_lens: torch.Tensor, ndt: int) -> torch.Tensor:
-    """0.5.12's verify tree mask (per request ``ndt`` rows of ``seq_len + ndt`` columns, the prefix
+    """The release's verify tree mask (per request ``ndt`` rows of ``seq_len + ndt`` columns, the prefix
     all True) -> the draft-token blocks ``[bs * ndt * ndt]`` the testbed's extend attention reads."""
     blocks = []
     offset = 0
@@ -140,7 +144,7 @@ def _draft_blocks(custom_mask: torch.Tensor, seq_lens: torch.Tensor, ndt: int) -
 class CpuMultiStepDraftBackend:
     """One :class:`CpuAttnBackend` per draft decode step (the last step runs no forward). Row
     ``b * topk + k`` of the expanded request table holds request b's prefix and branch k's draft
-    slots, which 0.5.12's ``assign_draft_cache_locs`` put at ``seq_len + k * num_steps``."""
+    slots, which the release's ``assign_draft_cache_locs`` put at ``seq_len + k * num_steps``."""
 
     def __init__(self, model_runner: Any, topk: int, speculative_num_steps: int) -> None:
         self.topk = topk
@@ -259,8 +263,11 @@ def _cpu_skips_record_stream(cls: type, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
-def _overlap_record_stream(module: ModuleType) -> None:
-    _cpu_skips_record_stream(module.FutureMap, "resolve_future")
+def _overlap_record_stream(method: str) -> Callable[[ModuleType], None]:
+    def patch(module: ModuleType) -> None:
+        _cpu_skips_record_stream(module.FutureMap, method)
+
+    return patch
 
 
 def _verify_record_stream(module: ModuleType) -> None:
@@ -286,14 +293,23 @@ def _verify_cache_locs(module: ModuleType) -> None:
     module.assign_extend_cache_locs_func = assign_extend_cache_locs_func
 
 
-PATCHES: dict[str, Callable[[ModuleType], None]] = {
-    "sglang.srt.managers.overlap_utils": _overlap_record_stream,
-    "sglang.srt.speculative.eagle_worker_v2": _verify_record_stream,
-    "sglang.srt.speculative.eagle_info_v2": _verify_cache_locs,
-    "sglang.srt.mem_cache.memory_pool": _no_kv_copy_warmup,
-    "sglang.srt.layers.attention.attention_registry": _register_backend,
-    "sglang.srt.speculative.draft_utils": _draft_factory,
-    "sglang.srt.speculative.eagle_utils": _tree_ops,
-    "sglang.srt.server_args": _keep_intel_amx,
-    "sglang.srt.models.llama": _no_cuda_sync_in_embed_sharing,
-}
+def patches(release: str) -> dict[str, Callable[[ModuleType], None]]:
+    """Module name -> what to do right after SGLang imported it, for one of :data:`RELEASES`."""
+    key = tuple(int(part) for part in release.split("."))
+    from_0_5_13 = key >= (0, 5, 13)
+    found: dict[str, Callable[[ModuleType], None]] = {
+        "sglang.srt.managers.overlap_utils":
+            _overlap_record_stream("_resolve_spec_extras" if from_0_5_13 else "resolve_future"),
+        ("sglang.srt.speculative.triton_ops.cache_locs" if from_0_5_13
+         else "sglang.srt.speculative.eagle_info_v2"): _verify_cache_locs,
+        "sglang.srt.mem_cache.memory_pool": _no_kv_copy_warmup,
+        "sglang.srt.layers.attention.attention_registry": _register_backend,
+        "sglang.srt.speculative.draft_utils": _draft_factory,
+        "sglang.srt.speculative.eagle_utils": _tree_ops,
+        "sglang.srt.models.llama": _no_cuda_sync_in_embed_sharing,
+    }
+    if not from_0_5_13:
+        found["sglang.srt.speculative.eagle_worker_v2"] = _verify_record_stream
+    if key < (0, 5, 15):
+        found["sglang.srt.server_args"] = _keep_intel_amx
+    return found

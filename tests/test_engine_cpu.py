@@ -105,6 +105,26 @@ def test_runtime_patches_act_on_real_sglang_and_keep_layers_native() -> None:
     assert result["error"] is not None and "sgl_kernel.fused_experts_cpu" in result["error"]
 
 
+RELEASE_PATCHES = """
+    import importlib, json
+    from hs_tracer_testbed.runtime import patches
+    from hs_tracer_testbed.runtime.launcher import prepare_process
+    prepare_process()
+    _env, found = patches.release_patches()
+    for name in found:
+        importlib.import_module(name)
+    print("RESULT " + json.dumps({"patched": sorted(found), "pending": sorted(patches._hook.pending)}))
+"""
+
+
+def test_the_installed_releases_testbed_patches_take_on_its_modules() -> None:
+    """Each module the testbed's patches for the installed release name exists in it and takes its
+    patch (a renamed module or attribute fails here, not in an engine start; make test runs this
+    on every release)."""
+    result = _run_python(RELEASE_PATCHES)
+    assert set(result["pending"]) & set(result["patched"]) == set()
+
+
 @pytest.mark.engine
 def test_plain_engine_matches_transformers_greedy(engines, testbed) -> None:
     from hs_tracer_testbed.accept import greedy_tokens

@@ -17,12 +17,12 @@ OLD_SGLANG := 0.5.11 0.5.12 0.5.13 0.5.13.post1 0.5.14 0.5.15 0.5.15.post1 0.5.1
 # machine; docs/versions.md, support matrix).
 CHECKED_SGLANG := $(OLD_SGLANG)
 # The older releases whose engine tests run in every `make test` (none: CI's time budget), and a
-# rotation of one release per older family whose CPU engine runs (0.5.12: its V1 and V2 workers;
-# 0.5.16, 0.5.21: V2; 0.5.22 shares 0.5.23's family, whose engine the whole suite runs): `make test`
-# takes the one at position (day of the year, UTC) modulo its length, so each family's engine runs
-# on a fixed day.
+# rotation of one release per older family whose CPU engine runs (0.5.11, 0.5.12: their V1 and V2
+# workers; 0.5.14 for 0.5.13-0.5.15, 0.5.16, 0.5.21: V2; 0.5.22 shares 0.5.23's family, whose engine
+# the whole suite runs): `make test` takes the one at position (day of the year, UTC) modulo its
+# length, so each family's engine runs on a fixed day.
 ENGINE_EVERY_RUN :=
-ENGINE_ROTATION := 0.5.12 0.5.16 0.5.21
+ENGINE_ROTATION := 0.5.11 0.5.12 0.5.14 0.5.16 0.5.21
 ENGINE_TODAY := $(if $(ENGINE_ROTATION),$(word $(shell expr $$(date -u +%j | sed 's/^0*//') % \
 	$(words $(ENGINE_ROTATION)) + 1),$(ENGINE_ROTATION)))
 ENGINE_SGLANG := $(ENGINE_EVERY_RUN) $(ENGINE_TODAY)

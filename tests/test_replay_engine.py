@@ -3,7 +3,7 @@
 The suite's shared engines (tests/engine_runs.py): the testbed draft as configured (``correct``) and
 a copy miswired by its config.json only (``ids_shifted``), both with ``HS_TRACER_CAPTURE_DIR``; and
 an engine with tracing on but no capture dir. Then ``hs-tracer replay`` and ``hs-tracer diagnose`` on
-what the scheduler wrote.
+what the scheduler wrote; diagnose says what the engine's live report said.
 """
 
 from __future__ import annotations
@@ -105,14 +105,25 @@ def test_replay_miswired_falls_short_and_names_the_fix(replays, testbed) -> None
     assert best["name"] != "as served" and best["agreement"] > served
 
 
-def test_diagnose_reads_the_live_capture(engines, testbed_profile, capsys: pytest.CaptureFixture[str],
-                                         ) -> None:
-    verdicts = {}
+@pytest.fixture(scope="module")
+def diagnosed(engines, testbed_profile) -> dict[str, tuple[int, dict[str, Any]]]:
+    """``hs-tracer diagnose CAPTURE --profile P --json`` on each shared engine's capture: exit code and
+    report."""
+    import contextlib
+    import io
+
+    out = {}
     for name, engine in CAPTURED.items():
-        capsys.readouterr()
-        cap = engines[engine].work / "capture"
-        code = cli(["diagnose", str(cap), "--profile", str(testbed_profile), "--json"])
-        verdicts[name] = (code, json.loads(capsys.readouterr().out))
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = cli(["diagnose", str(engines[engine].work / "capture"), "--profile", str(testbed_profile),
+                        "--json"])
+        out[name] = (code, json.loads(buf.getvalue()))
+    return out
+
+
+def test_diagnose_reads_the_live_capture(diagnosed) -> None:
+    verdicts = diagnosed
     code, ok = verdicts["correct"]
     assert code == 0 and ok["acceptance"]["steps"] > 0
     code, bad = verdicts["miswired"]
@@ -120,3 +131,39 @@ def test_diagnose_reads_the_live_capture(engines, testbed_profile, capsys: pytes
     assert code == 1 and bad["status"] == "miswired"
     assert bad["slots"][0]["index"] == 0 and bad["slots"][0]["observed_source"] == "embedding"
     assert [s["observed_source"] for s in ok["slots"]] == [s["expected_source"] for s in ok["slots"]]
+
+
+def _fed_by_critical(report: dict[str, Any]) -> dict[int, set[str]]:
+    """Per slot, the sources its critical findings say it is fed (live: the startup check of SGLang's
+    layers_to_capture and the window; on the capture: its manifest's record and its rows)."""
+    out: dict[int, set[str]] = {}
+    for f in report["findings"]:
+        if f["severity"] == "critical" and f.get("slot") is not None:
+            out.setdefault(f["slot"], set()).add(f.get("observed"))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_diagnose_on_the_capture_agrees_with_the_live_report(engines, diagnosed, name: str) -> None:
+    """What the running engine reported and what ``hs-tracer diagnose`` says of its capture: one
+    status and exit code, per slot the same source (or the same sources not told apart), and the same
+    sources named fed by the critical findings."""
+    from hs_tracer.diagnosis.report import Report
+
+    run = engines[CAPTURED[name]]
+    live = run.diagnosis
+    code, offline = diagnosed[name]
+    assert (offline["status"], code) == (live["status"], Report.from_json(live).exit_code)
+    assert live["status"] == ("ok" if name == "correct" else "miswired")
+
+    def table(report: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(s["index"], s["expected_source"], s["observed_source"], s.get("candidates"))
+                for s in report["slots"]]
+
+    assert table(offline) == table(live), (live["slots"], offline["slots"])
+    fed = run.report["wiring"]["sources"]  # SGLang's own layers_to_capture, resolved
+    assert [s["observed_source"] for s in live["slots"]] == fed
+    critical = _fed_by_critical(live)
+    assert critical == _fed_by_critical(offline)
+    assert critical == {s["index"]: {s["observed_source"]} for s in live["slots"]
+                        if s["observed_source"] != s["expected_source"]}

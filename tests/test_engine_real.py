@@ -11,18 +11,22 @@ early) is fed exactly those layers, in the live report and in SGLang's own captu
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
 
 from hs_tracer import sources
+from hs_tracer.cli import main as cli
+from hs_tracer.diagnosis.report import Report
 from tests.engine_runs import COUNTERS, EngineSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 PLAIN = EngineSpec(None, ("real",), profile=False)
-CORRECT = EngineSpec("testbed", ("real",))
-IDS_SHIFTED = EngineSpec("ids_shifted", ("real",))
+CORRECT = EngineSpec("testbed", ("real",), capture=True)
+IDS_SHIFTED = EngineSpec("ids_shifted", ("real",), capture=True)
 
 
 def test_greedy_eagle3_on_the_real_pair_is_lossless_and_traced(real_engines, real_pair) -> None:
@@ -64,3 +68,31 @@ def test_a_shifted_config_feeds_the_layers_sglangs_llama_rule_says(real_engines,
     assert run.diagnosis_after("real")["status"] != "ok"
     trained = json.loads((real_pair.specforge_data / "hs_tracer_data.json").read_text())["sources"]
     assert trained != want.sources
+
+
+@pytest.mark.parametrize("name", ["correct", "ids_shifted"])
+def test_live_report_names_what_is_fed_and_diagnose_on_its_capture_agrees(real_engines, name: str) -> None:
+    """On the real model, whose neighbouring deep layers the window's statistics barely tell apart,
+    the running engine's report names each slot as SGLang feeds it (its own record decides), never a
+    shifted slot as trained; and ``hs-tracer diagnose`` on the engine's capture gives the same status,
+    exit code and slot table."""
+    run = real_engines.run(f"real:{name}", CORRECT if name == "correct" else IDS_SHIFTED)
+    live = run.diagnosis
+    fed = run.report["wiring"]["sources"]
+    assert [s["observed_source"] for s in live["slots"]] == fed, live["slots"]
+    assert Report.from_json(live).exit_code == (0 if name == "correct" else 1)
+    if name != "correct":
+        assert live["status"] == "miswired"
+        assert all(s["observed_source"] != s["expected_source"] for s in live["slots"])
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli(["diagnose", str(run.work / "capture"), "--profile", str(real_engines.profile), "--json"])
+    offline = json.loads(buf.getvalue())
+
+    def table(report: dict) -> list[tuple]:
+        return [(s["index"], s["expected_source"], s["observed_source"], s.get("candidates"))
+                for s in report["slots"]]
+
+    assert (offline["status"], code) == (live["status"], Report.from_json(live).exit_code)
+    assert table(offline) == table(live), (live["slots"], offline["slots"])

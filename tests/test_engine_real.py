@@ -6,7 +6,8 @@ SGLang's most common production pairing (Llama and Qwen targets use the same lay
 EAGLE-3 commits exactly the tokens of plain decoding, hs_tracer's accept length is SGLang's own, the
 capture metadata of the Llama model body is recorded, and the draft as trained is fed the blocks it
 was trained on. A miswired copy (every config id one lower: on a Llama target every slot one layer
-early) is fed exactly those layers, in the live report and in SGLang's own capture list.
+early) is fed exactly those layers, in the live report and in SGLang's own capture list; the live
+report and ``hs-tracer diagnose`` on each engine's capture agree.
 """
 
 from __future__ import annotations

@@ -39,13 +39,15 @@ RELEASE_PINS := $(wildcard requirements/sglang-$(SGLANG).txt)
 # for the plugin's checks): the version guard (every hook target, parameter, read, the scheduler entry
 # and the layer-id rules), a .postN build, the draft classes' layouts, the ranks/role readers,
 # registration of exactly the family's hooks, the release's files under a newer version string, the
-# layer-id rules of its model classes, the keys of its responses' speculative counters, the CPU
-# testbed's patches for it taking on its modules, and a fault in every hook of its family through
+# layer-id rules of its model classes, whether its DeepSeek model loop crashes on a captured layer 0,
+# the keys of its responses' speculative counters, the CPU testbed's patches for it taking on its
+# modules, and a fault in every hook of its family through
 # SGLang's real HookRegistry. Importing every target of an older release needs an sgl_kernel: the CPU
 # testbed's stand-in (its patches stay off without the testbed's runtime flag).
 RELEASE_CHECKS := tests/test_plugin.py::test_the_installed_releases_real_classes \
 	tests/test_plugin.py::test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler \
 	tests/test_sources.py::test_rules_match_installed_sglang \
+	tests/test_sources.py::test_layer_0_rule_matches_the_installed_deepseek_loop \
 	tests/test_sglang_releases.py::test_the_installed_releases_meta_counters_are_the_keys_it_writes \
 	tests/test_engine_cpu.py::test_the_installed_releases_testbed_patches_take_on_its_modules \
 	tests/test_hook_faults.py

@@ -259,7 +259,9 @@ class SGLangCapture:
     order, each layer once. ``unreachable`` ids are never visited by the loop (so silently not
     captured); ``duplicates`` are captured once. On the DeepSeek family of releases with the packer
     (its family's ``deepseek_packer``) it expects ``len(layers_to_capture)`` captures and raises
-    at the first forward when fewer arrive; older releases feed the fewer states.
+    at the first forward when fewer arrive; older releases feed the fewer states. On the DeepSeek
+    family of releases whose loop captures before each layer (``deepseek_layer_0_raises``) a captured
+    layer 0 (the embedding) raises a TypeError at the first forward: ``raises_at_layer_0``.
     """
 
     layers_to_capture: list[int]
@@ -267,6 +269,7 @@ class SGLangCapture:
     unreachable: list[int] = field(default_factory=list)
     duplicates: list[int] = field(default_factory=list)
     fails_at_forward: bool = False
+    raises_at_layer_0: bool = False
 
 
 def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Family | str, *,
@@ -289,7 +292,8 @@ def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Fa
     unreachable = [v for v in ltc if not 0 <= v <= top]
     sources = [str(_c_in_source(v, num_layers)) for v in reachable]
     fails = family is Family.DEEPSEEK and rules.deepseek_packer and len(reachable) != len(ltc)
-    return SGLangCapture(ltc, sources, unreachable, duplicates, fails)
+    layer_0 = family is Family.DEEPSEEK and rules.deepseek_layer_0_raises and 0 in seen
+    return SGLangCapture(ltc, sources, unreachable, duplicates, fails, layer_0)
 
 
 def sglang_sources(draft_ids: Sequence[int] | None, family: Family | str, num_layers: int, *,

@@ -163,6 +163,53 @@ def test_variant_ids_shift_on_an_older_release(
     assert not any("only when the first id is 1" in f["message"] for f in report["findings"])
 
 
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.13.post1", "0.5.14"])
+def test_a_captured_layer_0_is_refused_where_sglangs_deepseek_loop_crashes_on_it(
+    testbed: tb.TestbedPaths, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    version: str,
+) -> None:
+    """[0,3,4] on the DeepSeek-V3 testbed target make SGLang capture layer 0: 0.5.13's model loop adds
+    the (still None) residual to it and fails at the first forward; 0.5.14 captures inside the layer."""
+    variant = _variant(
+        testbed,
+        tmp_path / "shifted",
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 3, 4], "use_aux_hidden_state": True},
+    )
+    code, out = run_cli(capsys, "--draft", variant, "--target", testbed.target, "--profile", profile,
+                        "--json", "--sglang-version", version)
+    assert code == 1  # the slots are miswired on every release
+    report = json.loads(out)
+    assert report["preflight"]["engine"]["layers_to_capture"] == [0, 3, 4]
+    raises = [f for f in report["findings"] if f["code"] == "capture_raises"]
+    if version == "0.5.14":
+        assert raises == []
+        return
+    (finding,) = raises
+    assert finding["severity"] == "critical"
+    assert f"SGLang {version} will crash at the first forward" in finding["message"]
+    assert "0.5.14 or newer" in finding["fix"] and "layer 0" in finding["fix"]
+    # it leads: serving this config kills the server before any layer question matters
+    first = report["root_causes"][0]
+    assert first["cause"] == "capture_raises" and first["fix"] == finding["fix"]
+    # the per-slot fix names ids that feed the trained layers without capturing layer 0
+    assert any("[1, 3, 4]" in f["fix"] for f in report["findings"] if f["code"] == "layer_id_convention")
+
+
+@pytest.mark.parametrize(("version", "exit_code"), [("0.5.13", 1), ("0.5.14", 0)])
+def test_the_default_ids_of_a_three_layer_deepseek_target_crash_0_5_13_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], version: str, exit_code: int
+) -> None:
+    """No ids on a 3-layer target: SGLang's default [2, N//2, N-3] = [2, 1, 0] captures layer 0, the
+    embedding: a warning on 0.5.14, a crash at the first forward on 0.5.13."""
+    target = target_config(tmp_path / "target", arch="DeepseekV3ForCausalLM", layers=3)
+    draft = specforge_draft(tmp_path / "draft", layer_ids=None, eagle_config=None)
+    code, out = run_cli(capsys, "--draft", draft, "--target", target, "--sglang-version", version)
+    assert code == exit_code, out
+    assert ("[critical] capture_raises: SGLang 0.5.13 will crash at the first forward" in out) == (
+        version == "0.5.13")
+    assert "embedding" in out
+
+
 def test_variant_top_level_ids(
     testbed: tb.TestbedPaths, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -270,6 +270,47 @@ def test_rules_match_installed_sglang(module: str, cls_name: str, family: Family
             assert _run_real(cls, ids, n) == want, (cls_name, version, ids)
 
 
+def _captures_before_the_layer_with_the_residual(forward: object) -> bool:
+    """Whether a model loop's source captures ``hidden_states + residual`` under ``if i in
+    self.layers_to_capture:`` (before the layer runs) while its residual starts as None."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    starts_none = any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "residual" for t in n.targets)
+                      and isinstance(n.value, ast.Constant) and n.value.value is None for n in ast.walk(tree))
+
+    def is_capture_test(test: ast.expr) -> bool:
+        return (isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.In)
+                and isinstance(test.comparators[0], ast.Attribute)
+                and test.comparators[0].attr == "layers_to_capture")
+
+    def appends_sum(node: ast.AST) -> bool:
+        return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "append"
+                   and c.args and isinstance(c.args[0], ast.BinOp) and isinstance(c.args[0].op, ast.Add)
+                   and {getattr(c.args[0].left, "id", None), getattr(c.args[0].right, "id", None)}
+                   == {"hidden_states", "residual"} for c in ast.walk(node))
+
+    captures = any(isinstance(n, ast.If) and is_capture_test(n.test) and any(map(appends_sum, n.body))
+                   for n in ast.walk(tree))
+    return starts_none and captures
+
+
+def test_layer_0_rule_matches_the_installed_deepseek_loop() -> None:
+    """The installed release's real ``DeepseekV2Model.forward`` crashes on a captured layer 0 exactly
+    where its rules say so (make test runs this on every supported release)."""
+    import importlib.metadata
+
+    from sglang.srt.models.deepseek_v2 import DeepseekV2Model
+
+    version = importlib.metadata.version("sglang")
+    crashes = _captures_before_the_layer_with_the_residual(DeepseekV2Model.forward)
+    assert layer_id_rules(version).deepseek_layer_0_raises is crashes, (version, crashes)
+    assert sglang_capture([0, 3, 5], 8, Family.DEEPSEEK, sglang_version=version).raises_at_layer_0 is crashes
+    assert not sglang_capture([1, 3, 5], 8, Family.DEEPSEEK, sglang_version=version).raises_at_layer_0
+
+
 # --- the layer-id rules by SGLang release (read from each release's set_eagle3_layers_to_capture) -------
 
 
@@ -310,6 +351,20 @@ def test_gpt_oss_final_boundary_and_deepseek_packer_arrived_in_0_5_17() -> None:
     old = sglang_sources([1, 3, 60], Family.DEEPSEEK, L, sglang_version="0.5.16")
     assert old.unreachable == [61] and not old.fails_at_forward  # fewer states fed, no error
     assert sglang_sources([1, 3, 60], Family.DEEPSEEK, L, sglang_version="0.5.17").fails_at_forward
+
+
+@pytest.mark.parametrize(("version", "raises"), [
+    ("0.5.12", True), ("0.5.13", True), ("0.5.13.post1", True), ("0.5.14", False), ("0.5.15", False),
+    ("0.5.23", False),
+])
+def test_a_captured_layer_0_raises_on_deepseek_up_to_0_5_13(version: str, raises: bool) -> None:
+    """The DeepSeek loop captured before each layer (the residual None before layer 0) up to 0.5.13;
+    0.5.14 moved the capture into the layer, inside the 0.5.13-0.5.15 family."""
+    # first id 0 on 0.5.13+ (as-is) and -1 on 0.5.12 (+1): layer 0 either way
+    ids = [-1, 3, 5] if version == "0.5.12" else [0, 3, 5]
+    cap = sglang_sources(ids, Family.DEEPSEEK, 8, sglang_version=version)
+    assert cap.layers_to_capture[0] == 0 and cap.raises_at_layer_0 is raises
+    assert not sglang_sources([1, 3, 5], Family.DEEPSEEK, 8, sglang_version=version).raises_at_layer_0
 
 
 def test_release_defaults_to_the_newest_and_unknown_releases_are_refused() -> None:

@@ -40,6 +40,7 @@ class Code(str, enum.Enum):
     NORM_FLAGS = "norm_flags"  # a draft normalisation flag the engine applies differently from training
     FEATURES_FROM_OTHER_REQUESTS = "features_from_other_requests"  # right layers, other requests' tokens
     PROFILE_MISMATCH = "profile_mismatch"  # warning: the reference profile is of another model, unused
+    CAPTURE_RAISES = "capture_raises"  # capturing the configured layers raises at the first forward
 
 
 NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)

@@ -23,7 +23,7 @@ from typing import Any
 from hs_tracer import sources as src
 from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.records import WiringRecord
-from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_id_rules, rules_label
+from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_0_fixed_in, layer_id_rules, rules_label
 
 
 class IdsLocation(str, enum.Enum):
@@ -266,6 +266,8 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
     ids = w.engine_layer_ids
     findings: list[Finding] = []
     details = {"configured_ids": ids, "layers_to_capture": cap.layers_to_capture, "sources": cap.sources}
+    if cap.raises_at_layer_0:
+        findings.append(_layer_0_raises(w, details))
     if cap.duplicates:
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.CRITICAL,
@@ -311,6 +313,22 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             "confirm which layers the draft was trained on (--profile); rewrite the ids so both sides agree",
             observed=_fmt(cap.sources), details={**details, "confirmable": True}))
     return findings
+
+
+def _layer_0_raises(w: Wiring, details: dict[str, Any]) -> Finding:
+    """The DeepSeek loop of an older release adds the residual to a captured layer's input before the
+    layer runs; before layer 0 there is none, so serving this config fails at the first request."""
+    fixed = layer_0_fixed_in(w.sglang_version)
+    upgrade = f", or serve on SGLang {fixed} or newer (it captures inside the layer)" if fixed else ""
+    return Finding(
+        Code.CAPTURE_RAISES, Severity.CRITICAL,
+        f"SGLang {w.sglang_version} will crash at the first forward: layers_to_capture "
+        f"{details['layers_to_capture']} includes layer 0, and its DeepSeek-family model loop captures a "
+        "layer's input as hidden_states + residual before the layer runs, while before layer 0 the "
+        "residual is still None (TypeError; the server starts, its first request kills it)",
+        "write draft ids that do not make SGLang capture layer 0 (e.g. ids starting at 1, which it "
+        f"shifts by one: no embedding slot){upgrade}",
+        observed=f"layers_to_capture {details['layers_to_capture']}", details=details)
 
 
 def _boundary(w: Wiring) -> str:
@@ -375,7 +393,7 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
     for candidate in ([v - 1 for v in c_in], c_in):
         try:
             fed = src.sglang_sources(candidate, w.family, w.num_layers, sglang_version=w.sglang_version)
-            if fed.sources == list(trained):
+            if fed.sources == list(trained) and not fed.raises_at_layer_0:
                 return candidate
         except ValueError:
             continue
@@ -384,6 +402,10 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
 
 def _ids_fix(w: Wiring, trained: Sequence[str]) -> str:
     ids = ids_for_sources(w, trained)
+    fixed = layer_0_fixed_in(w.sglang_version)
+    if ids is None and src.EMBEDDING in trained and fixed and w.family is src.Family.DEEPSEEK:
+        return (f"SGLang {w.sglang_version} cannot feed the embedding on a DeepSeek-family target (a "
+                f"captured layer 0 crashes at the first forward): serve on SGLang {fixed} or newer")
     if ids is None:
         return (f"SGLang {w.sglang_version or NEWEST_RELEASE} cannot capture {_fmt(trained)} on a "
                 f"{w.family.value}-family target (the "

@@ -101,14 +101,14 @@ def layer_id_rules(sglang_version: str | None = None) -> LayerIdRules:
     """The layer-id rules of an SGLang release (``.postN`` counts as its release; None: the newest).
     A release whose source hs_tracer has not read is refused rather than guessed."""
     if sglang_version is None:
-        return FAMILIES[0].layer_id_rules
+        return FAMILIES[0].rules_of(None)
     if release_key(sglang_version) is None:
         raise InputError(f"not an SGLang release number: {sglang_version!r} "
                          f"(expected e.g. {FAMILIES[-2].releases[0]} or {NEWEST_RELEASE}.post1)")
     release = release_of(sglang_version)
     for family in FAMILIES:
         if release in family.releases or release in family.check_only:
-            return family.layer_id_rules
+            return family.rules_of(release)
     known = _oldest_first(tuple(r for f in FAMILIES for r in (*f.releases, *f.check_only)))
     raise InputError(f"hs_tracer has not read SGLang {sglang_version}'s layer-id rules "
                      f"(known: {known[0]} to {known[-1]})")
@@ -118,6 +118,17 @@ def rules_label(sglang_version: str | None = None) -> str:
     """The releases that share ``sglang_version``'s layer-id rules (None: the newest release's), as
     messages name them: ``0.5.17-0.5.23``."""
     rules = layer_id_rules(sglang_version)
-    same = _oldest_first(tuple(r for f in FAMILIES if f.layer_id_rules == rules
-                               for r in (*f.releases, *f.check_only)))
+    same = _oldest_first(tuple(r for f in FAMILIES for r in (*f.releases, *f.check_only)
+                               if f.rules_of(r) == rules))
     return same[0] if len(same) == 1 else f"{same[0]}-{same[-1]}"
+
+
+def layer_0_fixed_in(sglang_version: str | None) -> str | None:
+    """The oldest release newer than ``sglang_version`` whose DeepSeek loop captures layer 0 without
+    raising (None: no newer release does, or ``sglang_version`` itself does not raise)."""
+    if not layer_id_rules(sglang_version).deepseek_layer_0_raises:
+        return None
+    key = release_key(sglang_version) if sglang_version else None
+    return next((r for r in _oldest_first(SUPPORTED_VERSIONS)
+                 if key is not None and (release_key(r) or (0, 0, 0)) > key
+                 and not layer_id_rules(r).deepseek_layer_0_raises), None)

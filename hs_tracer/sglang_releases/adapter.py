@@ -57,6 +57,10 @@ class LayerIdRules:
     deepseek_first_id_rule: bool  # DeepSeek family: +1 only when ids[0] == 1 (else +1 to every id)
     gpt_oss_final_boundary: bool  # gpt-oss: ids kept when max(ids) == N, id N captured at the final norm
     deepseek_packer: bool  # DeepSeek family: fewer captures than ids raise at the first forward
+    # DeepSeek family: the model loop captures a layer's input as ``hidden_states + residual`` before
+    # the layer runs, and before layer 0 the residual is still None: a captured layer 0 raises a
+    # TypeError at the first forward (later releases capture inside the layer).
+    deepseek_layer_0_raises: bool
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class ReleaseFamily:
     # Where a release inside the family changed a draft class (its hooks did not change):
     # (first release, the layouts from it on), newest first.
     draft_layouts_from: tuple[tuple[str, Mapping[str, DraftLayout]], ...] = ()
+    # Where a release inside the family changed a model loop (its hooks did not change):
+    # (first release, the layer-id rules from it on), newest first.
+    layer_id_rules_from: tuple[tuple[str, LayerIdRules], ...] = ()
     # Its responses' counter keys (the defaults: 0.5.12 on).
     meta_counters: MetaCounters = MetaCounters()
 
@@ -109,6 +116,14 @@ class ReleaseFamily:
             if release is None or _key(first) <= _key(release):
                 return layouts
         return self.draft_layouts
+
+    def rules_of(self, release: str | None) -> LayerIdRules:
+        """The layer-id rules of one of the family's releases, or of an older release it covers
+        (``check_only``; ``.postN`` stripped; None: its newest)."""
+        for first, rules in self.layer_id_rules_from:
+            if release is None or _key(first) <= _key(release):
+                return rules
+        return self.layer_id_rules
 
 
 def _key(release: str) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ FAMILY = ReleaseFamily(
              ("result.accept_lens", "batch.reqs"), worker="V2"),
     ),
     layer_id_rules=LayerIdRules(deepseek_first_id_rule=False, gpt_oss_final_boundary=False,
-                                deepseek_packer=False),
+                                deepseek_packer=False, deepseek_layer_0_raises=True),
     draft_layouts={},  # every draft class read leniently
     worker_env=s.V1_ENV,
     check_only=("0.5.9", "0.5.10"),

@@ -26,7 +26,7 @@ FAMILY = ReleaseFamily(
              ("result.accept_lens", "result.speculative_num_draft_tokens", "batch.reqs"), worker="V2"),
     ),
     layer_id_rules=LayerIdRules(deepseek_first_id_rule=False, gpt_oss_final_boundary=False,
-                                deepseek_packer=False),
+                                deepseek_packer=False, deepseek_layer_0_raises=True),
     # Its Eagle3DeepseekV2ForCausalLM (an nn.Linear fc, no fc_norm, no num_aux_hidden_states) is read
     # leniently.
     draft_layouts={"LlamaForCausalLMEagle3": s.LLAMA_FC_NORM_ONLY},

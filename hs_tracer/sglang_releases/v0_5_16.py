@@ -21,7 +21,7 @@ FAMILY = ReleaseFamily(
         s.RESOLVE_V2_TOKENS,
     ),
     layer_id_rules=LayerIdRules(deepseek_first_id_rule=True, gpt_oss_final_boundary=False,
-                                deepseek_packer=False),
+                                deepseek_packer=False, deepseek_layer_0_raises=False),
     draft_layouts={"LlamaForCausalLMEagle3": s.LLAMA_FC_NORM_ONLY,
                    "Eagle3DeepseekV2ForCausalLM": s.MLA_COLUMN_PARALLEL},
 )

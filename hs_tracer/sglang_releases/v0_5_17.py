@@ -22,7 +22,7 @@ FAMILY = ReleaseFamily(
         s.RESOLVE_V2_TOKENS,
     ),
     layer_id_rules=LayerIdRules(deepseek_first_id_rule=True, gpt_oss_final_boundary=True,
-                                deepseek_packer=True),
+                                deepseek_packer=True, deepseek_layer_0_raises=False),
     draft_layouts={"LlamaForCausalLMEagle3": s.LLAMA_BOTH_NORMS,
                    "Eagle3DeepseekV2ForCausalLM": s.MLA_COLUMN_PARALLEL},
 )

@@ -255,3 +255,29 @@ def test_ids_location_from_a_draft_config() -> None:
     assert ids_location({"eagle_config": "x", "eagle_aux_hidden_state_layer_ids": [2]})[2] is False
     w = with_draft_config(llama(None), {"eagle_aux_hidden_state_layer_ids": [3, 17, 30]})
     assert sev(check_layer_id_location(w), Code.LAYER_IDS_IGNORED) == ["critical"]
+
+
+def test_the_startup_check_refuses_a_captured_layer_0_where_the_release_crashes_on_it() -> None:
+    """The plugin's record of a DeepSeek target capturing layer 0 (first id 0, taken as-is): 0.5.13's
+    loop adds the residual, still None there, at the first forward; 0.5.14 captures inside the layer."""
+    def record(version: str) -> WiringRecord:
+        return WiringRecord(model="ds", target_arch="DeepseekV3ForCausalLM", num_layers=8, hidden_size=32,
+                            layers_to_capture=[0, 2, 3], sources=["embedding", "block:1", "block:2"],
+                            configured_layer_ids=[0, 2, 3], draft_fc_in_features=96, draft_num_aux_states=3,
+                            use_aux_hidden_state=True, spec_args={"speculative_algorithm": "EAGLE3"},
+                            sglang_version=version)
+
+    trained = ["embedding", "block:1", "block:2"]  # the layers it feeds: nothing but the crash is wrong
+    for version in ("0.5.13", "0.5.13.post1"):
+        found = check_wiring(wiring_from_record(record(version)), trained)
+        crash = [f for f in found if f.code is Code.CAPTURE_RAISES]
+        assert [f.severity for f in crash] == [Severity.CRITICAL]
+        assert f"SGLang {version} will crash at the first forward" in crash[0].message
+        assert "0.5.14" in crash[0].fix
+        assert all(f.severity is not Severity.CRITICAL for f in found if f.code is not Code.CAPTURE_RAISES)
+    found = check_wiring(wiring_from_record(record("0.5.14")), trained)
+    assert [f for f in found if f.severity is Severity.CRITICAL] == []
+    # no id list feeds the embedding on 0.5.13 without the crash, so none is offered as the fix
+    w13 = wiring_from_record(record("0.5.13"))
+    assert ids_for_sources(w13, trained) is None
+    assert ids_for_sources(wiring_from_record(record("0.5.14")), trained) == [0, 2, 3]

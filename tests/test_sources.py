@@ -278,8 +278,9 @@ def _captures_before_the_layer_with_the_residual(forward: object) -> bool:
     import textwrap
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
-    starts_none = any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "residual" for t in n.targets)
-                      and isinstance(n.value, ast.Constant) and n.value.value is None for n in ast.walk(tree))
+    starts_none = any(
+        isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and n.value.value is None
+        and any(getattr(t, "id", None) == "residual" for t in n.targets) for n in ast.walk(tree))
 
     def is_capture_test(test: ast.expr) -> bool:
         return (isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.In)

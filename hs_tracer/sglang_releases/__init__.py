@@ -126,9 +126,9 @@ def rules_label(sglang_version: str | None = None) -> str:
 def layer_0_fixed_in(sglang_version: str | None) -> str | None:
     """The oldest release newer than ``sglang_version`` whose DeepSeek loop captures layer 0 without
     raising (None: no newer release does, or ``sglang_version`` itself does not raise)."""
-    if not layer_id_rules(sglang_version).deepseek_layer_0_raises:
+    if sglang_version is None or not layer_id_rules(sglang_version).deepseek_layer_0_raises:
         return None
-    key = release_key(sglang_version) if sglang_version else None
+    key = release_key(sglang_version) or (0, 0, 0)  # a release number: layer_id_rules refuses others
     return next((r for r in _oldest_first(SUPPORTED_VERSIONS)
-                 if key is not None and (release_key(r) or (0, 0, 0)) > key
-                 and not layer_id_rules(r).deepseek_layer_0_raises), None)
+                 if (release_key(r) or (0, 0, 0)) > key and not layer_id_rules(r).deepseek_layer_0_raises),
+                None)

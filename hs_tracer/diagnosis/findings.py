@@ -41,6 +41,8 @@ class Code(str, enum.Enum):
     FEATURES_FROM_OTHER_REQUESTS = "features_from_other_requests"  # right layers, other requests' tokens
     PROFILE_MISMATCH = "profile_mismatch"  # warning: the reference profile is of another model, unused
     CAPTURE_RAISES = "capture_raises"  # capturing the configured layers raises at the first forward
+    CAPTURE_RECORD_MISMATCH = "capture_record_mismatch"  # the engine's record of a slot's source is not what it feeds
+    TRAINING_RECORD_MISMATCH = "training_record_mismatch"  # a dump's ids say other layers than its rows hold
 
 
 NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)

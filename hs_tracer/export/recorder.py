@@ -131,13 +131,16 @@ def export_mode(st: SchedulerSide) -> str:
     return st.config.export
 
 
-def export_setup(st: SchedulerSide) -> ExportSetup:
+def export_setup(st: SchedulerSide, probe: FingerprintProbe | None = None) -> ExportSetup:
+    """The exporters' fixed facts; ``probe``: the decode probe, whose kernel GPU time per step was
+    measured when it was warmed."""
     assert st.wiring is not None and st.ranks is not None
     c = st.config
     return ExportSetup(wiring=st.wiring, ranks=st.ranks, static_findings=list(st.static_findings),
                        draft_config=dict(st.draft_config),
                        profile=c.profile if st.profile_fits else None, span_sample=c.span_sample,
-                       metrics_port=c.metrics_port, metrics_addr=c.metrics_addr)
+                       metrics_port=c.metrics_port, metrics_addr=c.metrics_addr,
+                       kernel_gpu_s=getattr(probe, "kernel_gpu_s", None))
 
 
 class Recorder(threading.Thread):
@@ -154,11 +157,16 @@ class Recorder(threading.Thread):
         self._status_at = 0.0
         self._scratch = Scratch()  # ``process``: where accept lengths are joined
         self._since = 0.0  # ``process``: the steps waiting were logged since then (hand-off or idle wake-up)
+        self._cpu_handed = 0.0  # this thread's CPU time (time.thread_time) at the last batch taken
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self._setup()
+            # Everything this thread does from here on (wake-ups, batching, pipe writes, status) is
+            # CPU time in the scheduler process under its GIL: each batch carries what accrued since
+            # the previous one, one clock read per batch (never per step). Startup is not counted.
+            self._cpu_handed = time.thread_time()
             interval = BATCH_INTERVAL_S
             while not self._stopping.wait(interval):
                 interval = self._wake()
@@ -177,7 +185,7 @@ class Recorder(threading.Thread):
         st = self.st
         if st.config.fault_inject == "recorder":
             raise RuntimeError("fault injected by HS_TRACER_FAULT_INJECT=recorder")
-        setup = export_setup(st)
+        setup = export_setup(st, self._probe())
         if self.mode == "process":
             from hs_tracer.export.process import ExportProcess
 
@@ -263,6 +271,8 @@ class Recorder(threading.Thread):
                                  scratch=self._scratch if self.export is not None else None)
         if batch is None:
             return
+        cpu = time.thread_time()
+        batch.thread_cpu_s, self._cpu_handed = cpu - self._cpu_handed, cpu
         if capture is not None:
             for lengths in batch.step_lengths():
                 capture.note_accept_lengths(lengths)
@@ -287,6 +297,11 @@ class Recorder(threading.Thread):
         if self.export is not None:
             return {"mode": "process", "pid": self.export.proc.pid}
         return {"mode": self.mode}
+
+    def overhead_json(self) -> dict[str, Any] | None:
+        """hs_tracer's own cost per verify step (:meth:`Analysis.overhead_json`), when the analysis
+        runs in this process (else the export process adds it to the report)."""
+        return self.analysis.overhead_json() if self.analysis is not None else None
 
     def report_json(self) -> dict[str, Any] | None:
         """The diagnosis block of this process's report, when the analysis runs in this process

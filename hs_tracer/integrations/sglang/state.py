@@ -272,6 +272,9 @@ class TracerState:
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
         }
+        overhead = self.recorder.overhead_json() if self.recorder is not None else None
+        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
+            out["overhead"] = overhead
         diagnosis = self.recorder.report_json() if self.recorder is not None else None
         if diagnosis is not None:
             out["diagnosis"] = diagnosis

@@ -218,6 +218,8 @@ deadline = time.monotonic() + 60
 while st.recorder.analysis.acceptance.steps < 60 and time.monotonic() < deadline:
     time.sleep(0.01)
 recorded = st.recorder.analysis.acceptance.steps
+while not st.recorder.analysis.cost.thread_cpu_s and time.monotonic() < deadline:
+    time.sleep(0.01)  # the wake-up that worked the steps off attributes its CPU right after
 assert st.recorder.mode == "thread"  # SGLang traces requests: the exporters stay in this process
 step([2, 2])                                     # the scheduler thread's next step delivers the rest
 prom = st.recorder.analysis._prom

@@ -372,6 +372,12 @@ class Analysis:
         self._prom.record_health(dropped=h.dropped, hook_errors=h.hook_errors, enabled=h.enabled,
                                  spans_dropped=self._otel.dropped if self._otel is not None else None)
 
+    def add_thread_cpu(self, seconds: float) -> None:
+        """CPU seconds of the scheduler process's recorder thread, attributed to the steps of the
+        batches just worked off (``thread`` mode, where this analysis runs in that thread)."""
+        self.cost.thread_cpu_s += seconds
+        self._prom.record_thread_cpu(seconds)
+
     def overhead_json(self) -> dict[str, Any]:
         """The ``overhead`` block of the live report: hs_tracer's own cost per verify step."""
         return self.cost.to_json(self.setup.kernel_gpu_s)

@@ -397,6 +397,12 @@ class PrometheusExporter:
             if now - self._last_flush >= self.flush_interval_s:
                 self._flush_locked(now)
 
+    def record_thread_cpu(self, seconds: float) -> None:
+        """The recorder thread's CPU time attributed to steps already recorded (pushed at the next
+        flush, with them)."""
+        with self._lock:
+            self._pending.thread_cpu_s += seconds
+
     def flush(self) -> None:
         """Push the steps summed since the last flush to the metrics."""
         with self._lock:
@@ -406,7 +412,8 @@ class PrometheusExporter:
         while not self._closed.wait(self.flush_interval_s):
             with self._lock:
                 now, p = time.monotonic(), self._pending
-                if (p.steps or p.host_s) and now - self._last_flush >= self.flush_interval_s:
+                pending = p.steps or p.host_s or p.thread_cpu_s
+                if pending and now - self._last_flush >= self.flush_interval_s:
                     self._flush_locked(now)
 
     def _flush_locked(self, now: float) -> None:

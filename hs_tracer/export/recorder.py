@@ -157,19 +157,36 @@ class Recorder(threading.Thread):
         self._status_at = 0.0
         self._scratch = Scratch()  # ``process``: where accept lengths are joined
         self._since = 0.0  # ``process``: the steps waiting were logged since then (hand-off or idle wake-up)
-        self._cpu_handed = 0.0  # this thread's CPU time (time.thread_time) at the last batch taken
+        # This thread's CPU time (time.thread_time, read around each wake-up and once more where a
+        # batch's share is attributed): not yet attributed to steps, of wake-ups that handed steps
+        # over; totals of those and of idle wake-ups (no step waiting).
+        self._cpu_busy = 0.0
+        self._wake_cpu = 0.0  # thread_time at the start of this wake-up, or where it attributed
+        self.cpu_busy_s = 0.0
+        self.cpu_idle_s = 0.0
+        self._took = False  # this wake-up took a batch of steps
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self._setup()
-            # Everything this thread does from here on (wake-ups, batching, pipe writes, status) is
-            # CPU time in the scheduler process under its GIL: each batch carries what accrued since
-            # the previous one, one clock read per batch (never per step). Startup is not counted.
-            self._cpu_handed = time.thread_time()
+            # Everything this thread does in a wake-up (batching, status, pipe writes; in ``thread``
+            # mode the exporters and the diagnosis) is CPU time in the scheduler process under its
+            # GIL. A few clock reads per wake-up, never per step: a wake-up that hands steps over
+            # attributes its CPU so far to them (:meth:`_attribute`); what it spends after that goes
+            # with the next batch. Wake-ups with no step waiting (no decode step running to slow
+            # down) are counted apart, and startup not at all.
             interval = BATCH_INTERVAL_S
             while not self._stopping.wait(interval):
+                self._wake_cpu = time.thread_time()
                 interval = self._wake()
+                rest = time.thread_time() - self._wake_cpu
+                if self._took:
+                    self._cpu_busy += rest
+                    self.cpu_busy_s += rest
+                else:
+                    self.cpu_idle_s += rest
+                self._took = False
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)
         finally:
@@ -210,7 +227,18 @@ class Recorder(threading.Thread):
         self._poll_capture()
         if self.analysis.work(batches, self._read_window(), self._health(), between=_yield):
             self.st.write_report()
+        if batches:
+            self.analysis.add_thread_cpu(self._attribute())
         return BATCH_INTERVAL_S
+
+    def _attribute(self) -> float:
+        """This thread's CPU time to attribute to the steps being handed over: what earlier
+        hand-offs spent after attributing theirs, and this wake-up's so far."""
+        now = time.thread_time()
+        cpu = self._cpu_busy + (now - self._wake_cpu)
+        self.cpu_busy_s += now - self._wake_cpu
+        self._cpu_busy, self._wake_cpu, self._took = 0.0, now, True
+        return cpu
 
     def _forward(self) -> float:
         """Everything logged since the last hand-off as one batch, the windows that landed (as the
@@ -232,12 +260,17 @@ class Recorder(threading.Thread):
             if not (waiting or windows or health != self._sent_health):
                 return BATCH_INTERVAL_S
             batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
+            status = None
+            if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
+                status = self.st.status()
+            if batches:  # the steps carry this thread's CPU so far, the status just built included
+                batches[0].thread_cpu_s = self._attribute()
             for batch in batches:
                 export.queue_batch(batch)
             for _slot, window in windows:  # written from the slots' own memory
                 export.queue_window(window)
-            if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
-                export.queue_status(self.st.status(), health)
+            if status is not None:
+                export.queue_status(status, health)
                 self._sent_health, self._status_at = health, now
             export.flush()
         finally:
@@ -271,8 +304,6 @@ class Recorder(threading.Thread):
                                  scratch=self._scratch if self.export is not None else None)
         if batch is None:
             return
-        cpu = time.thread_time()
-        batch.thread_cpu_s, self._cpu_handed = cpu - self._cpu_handed, cpu
         if capture is not None:
             for lengths in batch.step_lengths():
                 capture.note_accept_lengths(lengths)
@@ -297,6 +328,11 @@ class Recorder(threading.Thread):
         if self.export is not None:
             return {"mode": "process", "pid": self.export.proc.pid}
         return {"mode": self.mode}
+
+    def cpu_json(self) -> dict[str, float]:
+        """This thread's CPU seconds so far, in wake-ups that handed steps over (the per-step figure's
+        source) and in idle ones (no step waiting, so no decode step to slow down)."""
+        return {"handing_over": round(self.cpu_busy_s, 6), "idle": round(self.cpu_idle_s, 6)}
 
     def overhead_json(self) -> dict[str, Any] | None:
         """hs_tracer's own cost per verify step (:meth:`Analysis.overhead_json`), when the analysis

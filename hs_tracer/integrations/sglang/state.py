@@ -268,6 +268,7 @@ class TracerState:
                 "decode_steps": self.steps.decode_steps, "prefill_steps": self.steps.prefill_steps,
                 "launches": self.steps.launch_counts()},
             "export": None if self.recorder is None else self.recorder.where(),
+            "recorder_thread_cpu_s": None if self.recorder is None else self.recorder.cpu_json(),
             "capture_sink": None if self.capture is None else {
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},

@@ -169,8 +169,9 @@ def test_step_counts_equal_sglangs_on_batched_workloads(engines, name: str) -> N
     run = engines[name]
     sglang_request_steps, steps_before = 0, 0
     for wl in run.spec.workloads:
-        counts = [int(m["spec_verify_ct"]) for m in run.meta(wl)]
-        assert len(counts) > 1 and min(counts) > 0
+        # a request that ends at its first token (EOS) is never verified: SGLang leaves the key out
+        counts = [int(m.get("spec_verify_ct", 0)) for m in run.meta(wl)]
+        assert len(counts) > 1 and max(counts) > 0
         sglang_request_steps += sum(counts)
         (report,) = [r for r in run.workloads[wl]["schedulers"] if r.get("emitting")]
         assert report["diagnosis"]["acceptance"]["steps"] == sglang_request_steps, wl

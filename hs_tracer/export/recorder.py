@@ -161,7 +161,7 @@ class Recorder(threading.Thread):
         # batch's share is attributed): not yet attributed to steps, of wake-ups that handed steps
         # over; totals of those and of idle wake-ups (no step waiting).
         self._cpu_busy = 0.0
-        self._wake_cpu = 0.0  # thread_time at the start of this wake-up, or where it attributed
+        self._wake_cpu = time.thread_time()  # at the start of this wake-up, or where it attributed
         self.cpu_busy_s = 0.0
         self.cpu_idle_s = 0.0
         self._took = False  # this wake-up took a batch of steps

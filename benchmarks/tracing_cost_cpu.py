@@ -87,7 +87,10 @@ def child(name: str, batch: int, new_tokens: int, metrics_port: int, traced: boo
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
-    reply({"ready": name, "hs_tracer": hs_tracer.__file__, "scheduler_pid": scheduler.pid})
+    # where hs_tracer was imported from, relative to the checkout (a result names no machine's paths)
+    source = Path(hs_tracer.__file__).resolve()
+    where = str(source.relative_to(REPO)) if source.is_relative_to(REPO) else source.name
+    reply({"ready": name, "hs_tracer": where, "scheduler_pid": scheduler.pid})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["do"] == "run":
@@ -258,6 +261,11 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+def _checkout_label(tree: Path | None) -> str:
+    """Which tree an engine ran, without a machine's paths: this checkout, or a variant's folder name."""
+    return "this checkout" if tree is None else f"variant tree {tree.name}"
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=12)
@@ -314,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     def summary(name: str) -> dict[str, Any]:
         rs = runs[name]
         return {"hs_tracer": (ready[name] or {}).get("hs_tracer") if name != "off" else None,
-                "checkout": str(next(c for n, _t, c in specs if n == name) or REPO),
+                "checkout": _checkout_label(next(c for n, _t, c in specs if n == name)),
                 "tokens_per_s": round(statistics.median(r["tokens"] / r["wall_s"] for r in rs), 1),
                 "wall_ms_per_step": round(statistics.median(
                     1e3 * r["wall_s"] / r["verify_steps"] for r in rs), 3),

@@ -26,7 +26,8 @@ from tests.engine_runs import COUNTERS, EngineSpec
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 PLAIN = EngineSpec(None, ("real",), profile=False)
-CORRECT = EngineSpec("testbed", ("real",), capture=True)
+# every prefill forward measures same-token layer identity (tests/test_engine_identity.py reads it)
+CORRECT = EngineSpec("testbed", ("real",), capture=True, env=(("HS_TRACER_IDENTITY_EVERY", "1"),))
 IDS_SHIFTED = EngineSpec("ids_shifted", ("real",), capture=True)
 
 

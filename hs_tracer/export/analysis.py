@@ -33,6 +33,7 @@ from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
+    from hs_tracer.diagnosis.same_token import MeasuredSlot
     from hs_tracer.export.batch import StepBatch
     from hs_tracer.profile.model import Profile
 
@@ -41,6 +42,7 @@ logger = logging.getLogger("hs_tracer")
 REPORT_EVERY_S = 0.5  # how often the live report is refreshed while steps arrive
 DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
 DIGESTS_KEPT = 8192  # digests waiting for their step's result (steps in flight are a few)
+IDENTITY_ROWS = 64  # same-token identity: the latest rows kept (several sampled forwards pooled)
 _NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
 
@@ -177,6 +179,9 @@ class Analysis:
         self._digests = DigestJoin(DIGESTS_KEPT)
         self._fresh: ChannelStats | None = None  # windows folded in since the last diagnosis
         self._diagnosed_at = -DIAGNOSE_EVERY_S
+        self.measured: list[MeasuredSlot] | None = None  # same-token identity of each slot, in-engine
+        self.identity_samples = 0
+        self._identity_pool: tuple[list[str], np.ndarray, np.ndarray] | None = None
         self._reported_at = 0.0
         self._dirty = False
 
@@ -284,6 +289,30 @@ class Analysis:
         self._diagnose(fresh)
         return True
 
+    def on_identity(self, names: Sequence[str], candidates: np.ndarray, slots: np.ndarray) -> None:
+        """One sampled forward's rows (``candidates`` [S, R, D] named by ``names``, ``slots``
+        [R, K, D]): pooled with the latest samples of the same candidates, then each slot is named by
+        what its rows equal (:func:`hs_tracer.diagnosis.same_token.identify`, exact tolerance: inside
+        the engine slot and candidate rows are the same tensors' values)."""
+        import torch
+
+        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify
+
+        names = list(names)
+        if not names or slots.size == 0:
+            return
+        pool = self._identity_pool
+        if pool is not None and pool[0] == names and pool[2].shape[1:] == slots.shape[1:]:
+            candidates = np.concatenate([pool[1], candidates], axis=1)[:, -IDENTITY_ROWS:]
+            slots = np.concatenate([pool[2], slots], axis=0)[-IDENTITY_ROWS:]
+        self._identity_pool = (names, candidates, slots)
+        self.identity_samples += 1
+        rows = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.float32))
+        cands = {n: torch.from_numpy(np.ascontiguousarray(candidates[i], dtype=np.float32))
+                 for i, n in enumerate(names)}
+        self.measured = identify(rows, cands, EXACT_TOLERANCE)
+        self._dirty = True
+
     def _diagnose(self, window: ChannelStats) -> None:
         """Judge everything seen so far against the profile (the wiring does not change while a
         process runs, so more tokens only sharpen the verdict); the drift score is that of the
@@ -315,8 +344,11 @@ class Analysis:
 
         s = self.setup
         # the static checks compared the engine's own layers_to_capture with the profile at startup
+        extra: dict[str, Any] = {}
+        if self.measured is not None and _takes_measured(live_report):
+            extra["measured"] = self.measured
         report = live_report(s.static_findings, self.judged, self.acceptance.summary(), self.profile,
-                             s.draft_config, engine_layers_checked=self.profile is not None)
+                             s.draft_config, engine_layers_checked=self.profile is not None, **extra)
         static = {(f.code, f.slot) for f in s.static_findings}
         for f in report.findings:
             key = (f.code, f.slot, None if f.code is Code.ACCEPTANCE_DROP else f.observed)
@@ -335,4 +367,13 @@ class Analysis:
             out = self.report.to_json()
         out["windows"] = self.window_reports
         out["profile"] = str(self.setup.profile) if self.setup.profile else None
+        out["measured_identity"] = None if self.measured is None else {
+            "samples": self.identity_samples, "slots": [m.to_json() for m in self.measured]}
         return out
+
+
+def _takes_measured(fn: Callable[..., Any]) -> bool:
+    """Whether the live verdict takes the in-engine measurement (``measured``)."""
+    import inspect
+
+    return "measured" in inspect.signature(fn).parameters

@@ -69,4 +69,4 @@ def test_a_capture_loop_that_feeds_other_layers_is_named_by_measurement(real_eng
     for f in mismatches:
         assert f["observed"] == FED[mode][f["slot"]] and f["expected"] == RECORDED[f["slot"]]
     # the slot table names each slot as fed
-    assert [s["observed"] for s in diagnosis["slots"]] == FED[mode]
+    assert [s["observed_source"] for s in diagnosis["slots"]] == FED[mode]

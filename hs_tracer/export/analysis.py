@@ -307,8 +307,8 @@ class Analysis:
             slots = np.concatenate([pool[2], slots], axis=0)[-IDENTITY_ROWS:]
         self._identity_pool = (names, candidates, slots)
         self.identity_samples += 1
-        rows = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.float32))
-        cands = {n: torch.from_numpy(np.ascontiguousarray(candidates[i], dtype=np.float32))
+        rows = torch.from_numpy(np.array(slots, dtype=np.float32))
+        cands = {n: torch.from_numpy(np.array(candidates[i], dtype=np.float32))
                  for i, n in enumerate(names)}
         self.measured = identify(rows, cands, EXACT_TOLERANCE)
         self._dirty = True

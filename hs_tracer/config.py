@@ -35,7 +35,7 @@ class TracerConfig:
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
     export: str = "process"  # HS_TRACER_EXPORT: exporters in a process of their own, or "thread"
     in_graph: bool = True  # HS_TRACER_IN_GRAPH: record the fingerprint kernel into the target's CUDA graphs
-    identity_every: int = 32  # HS_TRACER_IDENTITY_EVERY: 1 in N prefill forwards measures layer identity; 0 off
+    identity_every: int = 32  # HS_TRACER_IDENTITY_EVERY: 1 in N prefill forwards measures identity; 0 off
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 

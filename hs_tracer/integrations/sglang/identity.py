@@ -76,7 +76,8 @@ def sample_rows(prefix_lens: list[int], extend_lens: list[int], rows: int = ROWS
     total = sum(e - s for s, e in segments)
     if total == 0:
         return []
-    picks = sorted({min(total - 1, (2 * j + 1) * total // (2 * min(rows, total))) for j in range(min(rows, total))})
+    n = min(rows, total)
+    picks = sorted({(2 * j + 1) * total // (2 * n) for j in range(n)})
     out, seg, offset = [], 0, 0
     for p in picks:
         while p >= offset + segments[seg][1] - segments[seg][0]:
@@ -99,7 +100,8 @@ class Sample:
 class _Slot:
     """Buffers of one sample in flight."""
 
-    def __init__(self, capacity: int, hidden: int, dims: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, capacity: int, hidden: int, dims: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         cuda = device.type == "cuda"
         self.rows = torch.zeros(capacity, ROWS, hidden, dtype=dtype, device=device)
         self.host = torch.zeros(capacity * ROWS, dims, dtype=dtype, pin_memory=cuda)

@@ -66,7 +66,7 @@ class TracerState:
     role: str = "null"  # SGLang's disaggregation_mode: "null" (both), "prefill" or "decode"
     recorder: Recorder | None = None
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
-    identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: same-token layer identity (identity.py)
+    identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _report_file: ReportFile | None = None
     _probes: tuple[FingerprintProbe | None, FingerprintProbe | None] | None = None  # (decode, prefill)

@@ -63,4 +63,5 @@ def patches() -> dict[str, Callable[[ModuleType], None]]:
     name = mode()
     if name is None:
         return {}
-    return {module: (lambda m, cls=cls: miscapture(getattr(m, cls), MODES[name])) for module, cls in BODIES.items()}
+    return {module: (lambda m, cls=cls: miscapture(getattr(m, cls), MODES[name]))
+            for module, cls in BODIES.items()}

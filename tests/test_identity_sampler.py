@@ -1,0 +1,200 @@
+"""The in-engine identity sampler (hs_tracer/integrations/sglang/identity.py) on model bodies that
+capture the way SGLang 0.5.23's loops do, with SGLang's own ``ForwardMode``, ``AuxHiddenStateList``
+(the Llama loop's collector) and ``AuxHiddenStatePacker`` (the DeepSeek loop's), and the real decoder
+layer classes' signatures. The real engine runs it in tests/test_engine_identity.py."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify, measured_sources
+from hs_tracer.integrations.sglang.identity import IdentitySampler, layer_style, sample_rows
+
+pytest.importorskip("sglang")
+
+from sglang.srt.layers.aux_hidden_states import AuxHiddenStateList, AuxHiddenStatePacker
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+H, LAYERS = 96, 5  # wider than the projection (64 dims)
+
+
+class CallbackLayer(nn.Module):
+    """Takes a capture callback as SGLang's LlamaDecoderLayer does (the residual stream entering the
+    layer, borrowed), and changes the stream by a layer's worth."""
+
+    def __init__(self, i: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(H, H)
+        torch.nn.init.normal_(self.lin.weight, std=0.3, generator=torch.Generator().manual_seed(i))
+
+    def forward(self, positions: Any, hidden_states: torch.Tensor, forward_batch: Any,
+                capture_output: Any = None) -> torch.Tensor:
+        if capture_output is not None:
+            capture_output(hidden_states)
+        return hidden_states + torch.tanh(self.lin(hidden_states))
+
+
+class CollectorLayer(CallbackLayer):
+    """Takes the aux collector as SGLang's DeepseekV2DecoderLayer does."""
+
+    def forward(self, positions: Any, hidden_states: torch.Tensor, forward_batch: Any,  # type: ignore[override]
+                captured_last_layer_outputs: Any = None) -> torch.Tensor:
+        if captured_last_layer_outputs is not None:
+            captured_last_layer_outputs.capture(hidden_states, owned=False)
+        return hidden_states + torch.tanh(self.lin(hidden_states))
+
+
+class Body(nn.Module):
+    """A model body whose loop captures ``shift(layers_to_capture)`` (the identity: as recorded)."""
+
+    def __init__(self, layer: type, layers_to_capture: list[int], shift: Any = None) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, H)
+        self.layers = nn.ModuleList(layer(i) for i in range(LAYERS))
+        self.norm = nn.LayerNorm(H)
+        self.layers_to_capture = layers_to_capture
+        self.shift = shift or (lambda ls: ls)
+        self.collector = layer is CollectorLayer
+
+    def forward(self, input_ids: torch.Tensor, positions: Any, forward_batch: Any) -> Any:
+        h = self.embed(input_ids)
+        capture = self.shift(self.layers_to_capture)
+        if self.collector:
+            aux: Any = AuxHiddenStatePacker(len(capture))
+            for i, layer in enumerate(self.layers):
+                taken = aux if i in capture else None
+                h = layer(positions, h, forward_batch, captured_last_layer_outputs=taken)
+            return self.norm(h), aux.finalize()
+        aux = AuxHiddenStateList()
+        for i, layer in enumerate(self.layers):
+            h = layer(positions, h, forward_batch, capture_output=aux.capture if i in capture else None)
+        return self.norm(h), aux
+
+
+def _batch(mode: ForwardMode = ForwardMode.EXTEND, prefix: tuple[int, ...] = (0, 0),
+           lens: tuple[int, ...] = (7, 6)) -> Any:
+    return SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=list(prefix),
+                           extend_seq_lens_cpu=list(lens), residual_stream=None)
+
+
+def _sampler(body: Body, every: int = 1, errors: list[BaseException] | None = None) -> IdentitySampler:
+    sampler = IdentitySampler(body, every, LAYERS, H, len(body.layers_to_capture), "cpu", torch.float32,
+                              record=True, fail=(errors if errors is not None else []).append)
+    assert sampler.install()
+    return sampler
+
+
+def _forward(body: Body, sampler: IdentitySampler | None, fb: Any, seed: int = 0) -> Any:
+    """One forward as SGLang runs it with hs_tracer: the body's after-hook hands the result over."""
+    n = sum(fb.extend_seq_lens_cpu)
+    ids = torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        out = body(ids, None, fb)
+    if sampler is not None and sampler.active is not None:
+        sampler.finish(out)
+    return out
+
+
+def _measure(sampler: IdentitySampler) -> tuple[list[str], list[str | None]]:
+    (sample,) = sampler.landed()
+    cands = {n: torch.from_numpy(sample.candidates[i]) for i, n in enumerate(sample.sources)}
+    return sample.sources, measured_sources(identify(torch.from_numpy(sample.slots), cands, EXACT_TOLERANCE))
+
+
+def test_rows_spread_over_the_batch_never_at_position_0() -> None:
+    assert sample_rows([0, 0], [5, 3]) == [1, 2, 3, 4, 6, 7]
+    assert sample_rows([0], [1]) == []  # a one-token prompt has nothing past position 0
+    assert sample_rows([0, 2], [1, 3]) == [1, 2, 3]  # a cached prefix: its first extend row counts
+    rows = sample_rows([0, 0, 0], [100, 50, 70])
+    assert len(rows) == 8 and rows == sorted(set(rows)) and not {0, 100, 150} & set(rows)
+    assert rows[0] < 100 and rows[-1] >= 150  # spread over the requests
+
+
+@pytest.mark.parametrize("layer", [CallbackLayer, CollectorLayer])
+def test_every_candidate_and_the_slots_of_the_same_rows_name_the_fed_layers(layer: type) -> None:
+    body, reference = Body(layer, [1, 3, 4]), Body(layer, [1, 3, 4])
+    reference.load_state_dict(body.state_dict())
+    plain = _forward(reference, None, _batch())
+    sampler = _sampler(body)
+    out = _forward(body, sampler, _batch())
+    names, measured = _measure(sampler)
+    assert names == ["embedding", "block:0", "block:1", "block:2", "block:3", "final_norm"]
+    assert measured == ["block:0", "block:2", "block:3"]  # inputs of layers 1, 3, 4
+    # the loop's own captures are unchanged by the taps
+    assert torch.equal(out[0], plain[0])
+    aux = out[1] if isinstance(out[1], torch.Tensor) else torch.cat(list(out[1]), -1)
+    plain_aux = plain[1] if isinstance(plain[1], torch.Tensor) else torch.cat(list(plain[1]), -1)
+    assert torch.equal(aux, plain_aux)
+
+
+@pytest.mark.parametrize(("shift", "fed"), [
+    (lambda ls: [lay + 1 for lay in ls], ["block:0", "block:1", "block:2"]),  # every slot one layer late
+    (lambda ls: ls[:1] + [lay + 1 for lay in ls[1:]], ["embedding", "block:1", "block:2"]),  # deep slots late
+])
+def test_a_loop_capturing_other_layers_than_recorded_is_measured_as_fed(shift: Any, fed: list[str]) -> None:
+    body = Body(CallbackLayer, [0, 1, 2], shift)  # recorded: embedding, block:0, block:1
+    sampler = _sampler(body)
+    _forward(body, sampler, _batch())
+    assert _measure(sampler)[1] == fed
+
+
+def test_one_in_every_extend_forward_is_sampled_and_nothing_else() -> None:
+    body = Body(CallbackLayer, [1, 3, 4])
+    sampler = _sampler(body, every=3)
+    seen: list[Any] = []
+    original = body.layers[2].forward.__wrapped__
+
+    @functools.wraps(original)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(inspect.signature(original).bind(*args, **kwargs).arguments.get("capture_output"))
+        return original(*args, **kwargs)
+
+    body.layers[2].forward = sampler._wrap(2, spy, "callback")
+    for mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):  # never sampled, never counted
+        _forward(body, sampler, _batch(mode))
+    _forward(body, sampler, _batch(prefix=(0,), lens=(1,)))  # only position 0: looked past, not counted
+    assert sampler.sampled == 0 and seen == [None] * 3
+    for i in range(7):
+        _forward(body, sampler, _batch(), seed=i)
+    assert sampler.sampled == 3  # forwards 1, 4 and 7
+    assert [s is not None for s in seen[3:]] == [True, False, False, True, False, False, True]
+    # two samples in flight at most: the third sampled forward is passed the taps but not recorded
+    assert (sampler.recorded, sampler.missed) == (2, 1)
+    assert len(sampler.landed()) == 2 and sampler.landed() == []
+
+
+def test_a_failure_inside_the_sampler_stops_it_and_leaves_the_forward_alone() -> None:
+    errors: list[BaseException] = []
+    body = Body(CallbackLayer, [1, 3, 4])
+    sampler = _sampler(body, errors=errors)
+    sampler._slots[0].rows = torch.zeros(1)  # the next index_select into it raises
+    sampler._slots[1].rows = torch.zeros(1)
+    reference = Body(CallbackLayer, [1, 3, 4])
+    reference.load_state_dict(body.state_dict())
+    out, want = _forward(body, sampler, _batch()), _forward(reference, None, _batch())
+    assert torch.equal(out[0], want[0])
+    assert torch.equal(torch.cat(list(out[1]), -1), torch.cat(list(want[1]), -1))
+    assert len(errors) == 1 and sampler.failed is not None
+    _forward(body, sampler, _batch())
+    assert sampler.sampled == 1 and len(errors) == 1  # off from there on
+
+
+def test_the_real_decoder_layers_take_a_capture_the_sampler_knows() -> None:
+    from sglang.srt.models.deepseek_v2 import DeepseekV2DecoderLayer
+    from sglang.srt.models.glm4_moe import Glm4MoeDecoderLayer
+    from sglang.srt.models.gpt_oss import GptOssDecoderLayer
+    from sglang.srt.models.llama import LlamaDecoderLayer
+    from sglang.srt.models.qwen2 import Qwen2DecoderLayer
+    from sglang.srt.models.qwen3 import Qwen3DecoderLayer
+
+    assert layer_style(DeepseekV2DecoderLayer.forward) == "collector"
+    for cls in (LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer, GptOssDecoderLayer,
+                Glm4MoeDecoderLayer):
+        assert layer_style(cls.forward) == "callback", cls

@@ -381,6 +381,24 @@ class IdentitySampler:
                 "missed": self.missed, "rows": ROWS, "dims": self.dims, "failed": self.failed}
 
 
+def _attention_dp() -> bool | None:
+    """Whether attention data parallelism is on (None: this SGLang does not say)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:  # releases before SGLang's runtime context
+        try:
+            from sglang.srt.layers.dp_attention import get_attention_dp_size
+
+            return int(get_attention_dp_size()) > 1
+        except (ImportError, AssertionError, AttributeError, RuntimeError):
+            return None
+    try:
+        size = getattr(get_parallel(), "attn_dp_size", None)
+    except ValueError:  # not published in this process: a single rank
+        return False
+    return None if size is None else int(size) > 1
+
+
 _NOT_RECORDED: Any = object()  # a sampled forward this rank passes taps for but does not record
 
 
@@ -390,6 +408,11 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
     every = st.config.identity_every
     layers = st.target.get("layers_to_capture") or []
     if every <= 0 or not layers or not st.aux.get("use_aux_hidden_state") or not hasattr(body, "layers"):
+        return None
+    if _attention_dp() is not False:
+        logger.info("hs_tracer: in-engine layer identity is off with attention data parallelism (or where "
+                    "this SGLang does not say): its ranks run different batches, and a sampled forward "
+                    "must pass the same capture channels on every rank")
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target_device, st.target_dtype, record=st.emitting,

@@ -5,10 +5,8 @@ layer classes' signatures. The real engine runs it in tests/test_engine_identity
 
 from __future__ import annotations
 
-import functools
-import inspect
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -145,26 +143,44 @@ def test_a_loop_capturing_other_layers_than_recorded_is_measured_as_fed(shift: A
     assert _measure(sampler)[1] == fed
 
 
+class SpyLayer(CallbackLayer):
+    """Notes whether it was handed a capture channel, and whether its ``forward`` was wrapped."""
+
+    seen: ClassVar[list[tuple[int, bool, bool]]] = []
+
+    def forward(self, positions: Any, hidden_states: torch.Tensor, forward_batch: Any,
+                capture_output: Any = None) -> torch.Tensor:
+        SpyLayer.seen.append((self.index, capture_output is not None, "forward" in self.__dict__))
+        return super().forward(positions, hidden_states, forward_batch, capture_output)
+
+    def __init__(self, i: int) -> None:
+        super().__init__(i)
+        self.index = i
+
+
 def test_one_in_every_extend_forward_is_sampled_and_nothing_else() -> None:
-    body = Body(CallbackLayer, [1, 3, 4])
+    body = Body(SpyLayer, [1, 3, 4])
     sampler = _sampler(body, every=3)
-    seen: list[Any] = []
-    original = body.layers[2].forward.__wrapped__
+    SpyLayer.seen.clear()
 
-    @functools.wraps(original)
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(inspect.signature(original).bind(*args, **kwargs).arguments.get("capture_output"))
-        return original(*args, **kwargs)
+    def layer_2() -> list[tuple[bool, bool]]:
+        out = [(taps, wrapped) for i, taps, wrapped in SpyLayer.seen if i == 2]
+        SpyLayer.seen.clear()
+        return out
 
-    body.layers[2].forward = sampler._wrap(2, spy, "callback")
     for mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):  # never sampled, never counted
         _forward(body, sampler, _batch(mode))
     _forward(body, sampler, _batch(prefix=(0,), lens=(1,)))  # only position 0: looked past, not counted
-    assert sampler.sampled == 0 and seen == [None] * 3
+    assert sampler.sampled == 0
+    assert layer_2() == [(False, False)] * 3  # unsampled: layer 2 carries no wrapper at all
+    got = []
     for i in range(7):
         _forward(body, sampler, _batch(), seed=i)
+        got += layer_2()
     assert sampler.sampled == 3  # forwards 1, 4 and 7
-    assert [s is not None for s in seen[3:]] == [True, False, False, True, False, False, True]
+    # sampled: a capture channel (layer 2 is not captured by the loop) and a wrapper, removed after
+    assert [taps for taps, _ in got] == [True, False, False, True, False, False, True]
+    assert "forward" not in body.layers[2].__dict__
     # two samples in flight at most: the third sampled forward is passed the taps but not recorded
     assert (sampler.recorded, sampler.missed) == (2, 1)
     assert len(sampler.landed()) == 2 and sampler.landed() == []

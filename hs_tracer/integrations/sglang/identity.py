@@ -31,8 +31,9 @@ memory asynchronously, with an event; the recorder thread takes landed samples
 (:meth:`IdentitySampler.landed`) and the analysis (export process or recorder thread) compares them
 (:func:`hs_tracer.diagnosis.same_token.identify`).
 
-Cost: an unsampled forward pays one countdown check at its first layer and, per layer, one check
-that no sample is active (eager forwards only: under CUDA graphs this Python does not run). Every
+Cost: an unsampled forward pays one call of the first layer's wrapper and a countdown check (eager
+forwards only: under CUDA graphs this Python does not run); the other layers carry a wrapper only
+during a sampled forward. Every
 tensor rank of a sampled forward passes the capture channels (the sampling decision depends only on
 the batch, the same on every rank), so the layers' collectives stay alike across ranks; only the
 emitting rank records.
@@ -178,20 +179,27 @@ class IdentitySampler:
         self._slots: list[_Slot] = []
         self._capacity = num_layers + 2 + num_slots
         self._proj: torch.Tensor | None = None
+        self._taps: list[tuple[Any, Any, Callable[..., Any]]] = []  # (layer, own forward attribute, wrapper)
+        self._armed = False
         self.start = int(getattr(body, "start_layer", 0) or 0)
         self.end = int(getattr(body, "end_layer", None) or len(body.layers))
 
     # ---- startup -------------------------------------------------------------------------------
     def install(self) -> bool:
-        """Wrap the body's decoder layers. False (and nothing wrapped) for a loop whose layers take
-        no capture this module knows."""
+        """Wrap the body's first decoder layer (it decides, per forward, whether to sample) and
+        prepare the others' wrappers, which are set only for a sampled forward (:meth:`_arm`). False
+        (and nothing wrapped) for a loop whose layers take no capture this module knows."""
         layers = self.body.layers
         styles = [layer_style(layers[i].forward) for i in range(self.start, self.end)]
         if not styles or any(s is None for s in styles):
             return False
         for i, style in zip(range(self.start, self.end), styles, strict=True):
             layer = layers[i]
-            layer.forward = self._wrap(i, layer.forward, style)
+            wrapper = self._wrap(i, layer.forward, style)
+            if i == self.start:
+                layer.forward = wrapper
+            else:
+                self._taps.append((layer, layer.__dict__.get("forward"), wrapper))
         if self.record:
             self._slots = [_Slot(self._capacity, self.hidden, self.dims, self.dtype, self.device)
                            for _ in range(SLOTS)]
@@ -200,6 +208,21 @@ class IdentitySampler:
                 proj = torch.randn(self.hidden, self.dims, generator=gen) / self.dims ** 0.5
                 self._proj = proj.to(device=self.device, dtype=self.dtype)
         return True
+
+    def _arm(self) -> None:
+        """Set the other layers' wrappers for the forward being sampled."""
+        for layer, _prior, wrapper in self._taps:
+            layer.forward = wrapper
+        self._armed = True
+
+    def _disarm(self) -> None:
+        """Give the other layers back their own ``forward`` (unsampled forwards never see a wrapper)."""
+        self._armed = False
+        for layer, prior, _wrapper in self._taps:
+            if prior is None:
+                layer.__dict__.pop("forward", None)
+            else:
+                layer.forward = prior
 
     def _wrap(self, i: int, forward: Callable[..., Any], style: str) -> Callable[..., Any]:
         sig = inspect.signature(forward)
@@ -233,6 +256,8 @@ class IdentitySampler:
     def _begin(self, fb: Any) -> None:
         """The first layer of a forward: is it sampled? (a countdown check unless it is)"""
         self.active = None
+        if self._armed:  # a sampled forward that never reached the body's end
+            self._disarm()
         if self.every <= 0 or self.failed is not None:
             return
         try:
@@ -253,6 +278,7 @@ class IdentitySampler:
             self.sampled += 1
             self._rows = rows
             slot = next((s for s in self._slots if s.state == "free"), None) if self.record else None
+            self._arm()
             if slot is None:
                 if self.record:
                     self.missed += 1
@@ -324,6 +350,8 @@ class IdentitySampler:
         """The body returned: the final norm's rows and the slots' rows, then project and copy the
         sample to the host (async), with an event."""
         slot = self.active
+        if self._armed:
+            self._disarm()
         if slot is None or slot is _NOT_RECORDED or not isinstance(result, tuple):
             self.active = None
             return
@@ -372,6 +400,8 @@ class IdentitySampler:
     def _failure(self, exc: BaseException) -> None:
         """hs_tracer's own error: identity sampling stops, and the tracer's guard is told."""
         self.active = None
+        if self._armed:
+            self._disarm()
         if self.failed is None:
             self.failed = f"{type(exc).__name__}: {exc}"
             self._fail(exc)

@@ -214,3 +214,40 @@ def test_the_real_decoder_layers_take_a_capture_the_sampler_knows() -> None:
     for cls in (LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer, GptOssDecoderLayer,
                 Glm4MoeDecoderLayer):
         assert layer_style(cls.forward) == "callback", cls
+
+
+def _analysis() -> Any:
+    from hs_tracer.export.analysis import Analysis, ExportSetup
+    from hs_tracer.records import Ranks, WiringRecord
+
+    wiring = WiringRecord("m", "LlamaForCausalLM", LAYERS, H, [1, 3, 4], ["block:0", "block:2", "block:3"])
+    return Analysis(ExportSetup(wiring, Ranks(), [], {}, None, 0.0, None, "127.0.0.1"))
+
+
+def test_samples_travel_to_the_export_process_and_pool_into_the_measurement() -> None:
+    """A sample as the recorder queues it, read by the export process's worker: the report's
+    ``measured_identity`` names each slot; later samples pool (up to 64 rows)."""
+    from hs_tracer.export import channel
+    from hs_tracer.export.process import _Worker
+
+    body = Body(CallbackLayer, [1, 3, 4])
+    sampler = _sampler(body)
+    worker = _Worker.__new__(_Worker)
+    worker.analysis = _analysis()
+    reader = channel.Reader()
+    for seed in range(10):
+        _forward(body, sampler, _batch(), seed=seed)
+        (sample,) = sampler.landed()
+        data = b"".join(bytes(p) for p in channel.frame("identity", {"sources": sample.sources},
+                                                         [sample.candidates, sample.slots]))
+        for kind, meta, arrays in reader.feed(data):
+            worker.take(kind, meta, arrays)
+    out = worker.analysis.report_json()["measured_identity"]
+    assert out["samples"] == 10
+    assert [s["sources"] for s in out["slots"]] == [["block:0"], ["block:2"], ["block:3"]]
+    assert all(s["rows"] == 64 and s["error"] <= EXACT_TOLERANCE for s in out["slots"])
+    assert all(s["runner_up_error"] > 0.05 for s in out["slots"])
+
+
+def test_no_measurement_is_reported_as_none() -> None:
+    assert _analysis().report_json()["measured_identity"] is None

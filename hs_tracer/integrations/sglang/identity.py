@@ -277,6 +277,9 @@ class IdentitySampler:
             self.countdown = self.every - 1
             self.sampled += 1
             self._rows = rows
+            for stale in self._slots:  # filled by a forward that never reached the body's end
+                if stale.state == "filling":
+                    stale.state = "free"
             slot = next((s for s in self._slots if s.state == "free"), None) if self.record else None
             self._arm()
             if slot is None:
@@ -411,6 +414,18 @@ class IdentitySampler:
                 "missed": self.missed, "rows": ROWS, "dims": self.dims, "failed": self.failed}
 
 
+def _body_hooked(body: Any) -> bool:
+    """Whether the installed release's hook table has an after-hook on the body's ``forward`` (the
+    hook that hands the sampler the final norm's and the slots' rows)."""
+    from hs_tracer.integrations.sglang import versions
+    from hs_tracer.sglang_releases import FAMILIES
+
+    owner = next((c for c in type(body).__mro__ if "forward" in vars(c)), type(body))
+    target = f"{owner.__module__}.{owner.__qualname__}.forward"
+    family = versions.installed_family() or FAMILIES[0]
+    return any(h.target == target and h.type == "after" for h in family.hooks)
+
+
 def _attention_dp() -> bool | None:
     """Whether attention data parallelism is on (None: this SGLang does not say)."""
     try:
@@ -438,6 +453,10 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
     every = st.config.identity_every
     layers = st.target.get("layers_to_capture") or []
     if every <= 0 or not layers or not st.aux.get("use_aux_hidden_state") or not hasattr(body, "layers"):
+        return None
+    if not _body_hooked(body):
+        logger.info("hs_tracer: %s's forward carries no hs_tracer hook on this SGLang; in-engine layer "
+                    "identity is off", type(body).__name__)
         return None
     if _attention_dp() is not False:
         logger.info("hs_tracer: in-engine layer identity is off with attention data parallelism (or where "

@@ -76,6 +76,26 @@ class Body(nn.Module):
         return self.norm(h), aux
 
 
+class ResidualLayer(CallbackLayer):
+    """A layer of the loops before SGLang's layer boundaries: it takes and returns
+    ``(hidden_states, residual)``; the loop captures ``hidden_states + residual`` before calling it."""
+
+    def forward(self, positions: Any, hidden_states: torch.Tensor, forward_batch: Any,  # type: ignore[override]
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = hidden_states if residual is None else hidden_states + residual
+        return torch.tanh(self.lin(residual)), residual
+
+
+class ResidualBody(Body):
+    def forward(self, input_ids: torch.Tensor, positions: Any, forward_batch: Any) -> Any:
+        h, residual, aux = self.embed(input_ids), None, []
+        for i, layer in enumerate(self.layers):
+            if i in self.shift(self.layers_to_capture):
+                aux.append(h if residual is None else h + residual)
+            h, residual = layer(positions, h, forward_batch, residual)
+        return self.norm(h + residual), aux
+
+
 def _batch(mode: ForwardMode = ForwardMode.EXTEND, prefix: tuple[int, ...] = (0, 0),
            lens: tuple[int, ...] = (7, 6)) -> Any:
     return SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=list(prefix),
@@ -251,3 +271,19 @@ def test_samples_travel_to_the_export_process_and_pool_into_the_measurement() ->
 
 def test_no_measurement_is_reported_as_none() -> None:
     assert _analysis().report_json()["measured_identity"] is None
+
+
+def test_loops_that_capture_the_inputs_sum_before_the_call_are_measured_too() -> None:
+    """The older loops (SGLang up to 0.5.13's DeepSeek loop, for one): the candidate of layer ``i``
+    is ``hidden_states + residual`` of its inputs, and the last block's output (``block:4``) is read
+    from what the last layer returns."""
+    body = ResidualBody(ResidualLayer, [1, 3, 4])
+    sampler = _sampler(body)
+    _forward(body, sampler, _batch())
+    names, measured = _measure(sampler)
+    assert names == ["embedding", "block:0", "block:1", "block:2", "block:3", "block:4", "final_norm"]
+    assert measured == ["block:0", "block:2", "block:3"]
+    late = ResidualBody(ResidualLayer, [0, 1, 3], lambda ls: [lay + 1 for lay in ls])
+    sampler = _sampler(late)
+    _forward(late, sampler, _batch())
+    assert _measure(sampler)[1] == ["block:0", "block:1", "block:3"]  # recorded: embedding, block:0, block:2

@@ -175,6 +175,7 @@ class IdentitySampler:
         self.recorded = 0  # samples recorded on this rank
         self.missed = 0  # sampled forwards not recorded (both slots in flight)
         self.failed: str | None = None
+        self.no_last_block = 0  # sampled forwards whose last block's output could not be completed
         self._rows: list[int] = []
         self._slots: list[_Slot] = []
         self._capacity = num_layers + 2 + num_slots
@@ -331,9 +332,9 @@ class IdentitySampler:
     def _last_block(self, out: Any, fb: Any) -> None:
         """``block:N-1``: the last layer's output completed with its residual, where no
         communication is needed for it."""
+        name = str(sources.Source.block_output(self.num_layers - 1))
         try:
             hidden = out[0] if isinstance(out, tuple) else out
-            name = str(sources.Source.block_output(self.num_layers - 1))
             if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], torch.Tensor) \
                     and getattr(fb, "residual_stream", None) is None:
                 self._take(name, out[0] + out[1])  # loops that return (hidden_states, residual)
@@ -345,9 +346,11 @@ class IdentitySampler:
                 return
             from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 
-            self._take(name, residual_batch.snapshot(hidden, fb))
-        except Exception as exc:
-            self._failure(exc)
+            value = residual_batch.snapshot(hidden, fb)
+        except (ImportError, NotImplementedError, RuntimeError, AttributeError, TypeError):
+            self.no_last_block += 1  # a boundary that cannot complete it here: one candidate fewer
+            return
+        self._take(name, value)
 
     def finish(self, result: Any) -> None:
         """The body returned: the final norm's rows and the slots' rows, then project and copy the
@@ -411,7 +414,8 @@ class IdentitySampler:
 
     def status(self) -> dict[str, Any]:
         return {"every": self.every, "sampled": self.sampled, "recorded": self.recorded,
-                "missed": self.missed, "rows": ROWS, "dims": self.dims, "failed": self.failed}
+                "missed": self.missed, "rows": ROWS, "dims": self.dims, "failed": self.failed,
+                "no_last_block": self.no_last_block}
 
 
 def _body_hooked(body: Any) -> bool:

@@ -305,7 +305,11 @@ class IdentitySampler:
             k = len(slot.names)
             if k >= self._capacity - self.num_slots or value.shape[-1] != self.hidden:
                 return
-            torch.index_select(value, 0, slot.idx[:slot.count], out=slot.rows[k, :slot.count])
+            dest = slot.rows[k, :slot.count]
+            if value.dtype == dest.dtype:
+                torch.index_select(value, 0, slot.idx[:slot.count], out=dest)
+            else:  # a residual kept in another precision: cast as the slot's copy of it would be
+                dest.copy_(value.index_select(0, slot.idx[:slot.count]))
             slot.names.append(name)
         except Exception as exc:
             self._failure(exc)
@@ -404,7 +408,7 @@ class IdentitySampler:
         return out
 
     def _failure(self, exc: BaseException) -> None:
-        """hs_tracer's own error: identity sampling stops, and the tracer's guard is told."""
+        """hs_tracer's own error: identity sampling stops for this process (``failed``), once told."""
         self.active = None
         if self._armed:
             self._disarm()
@@ -416,6 +420,12 @@ class IdentitySampler:
         return {"every": self.every, "sampled": self.sampled, "recorded": self.recorded,
                 "missed": self.missed, "rows": ROWS, "dims": self.dims, "failed": self.failed,
                 "no_last_block": self.no_last_block}
+
+
+def _log_failure(exc: BaseException) -> None:
+    """An error of the sampler's own: identity stops (``failed`` in the status), the rest of the
+    tracer goes on; the layers run as SGLang calls them."""
+    logger.error("hs_tracer: in-engine layer identity failed and is off; tracing goes on", exc_info=exc)
 
 
 def _body_hooked(body: Any) -> bool:
@@ -468,8 +478,7 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
                     "must pass the same capture channels on every rank")
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
-                              st.target_device, st.target_dtype, record=st.emitting,
-                              fail=lambda exc: st.fail("identity", exc))
+                              st.target_device, st.target_dtype, record=st.emitting, fail=_log_failure)
     if not sampler.install():
         logger.info("hs_tracer: %s's decoder layers take no capture hs_tracer knows; in-engine layer "
                     "identity is off", type(body).__name__)

@@ -123,10 +123,10 @@ class _Tap(list):
         super().__init__()
         self._inner, self._take = inner, take
 
-    def capture(self, value: Any, *, owned: bool = False) -> None:
+    def capture(self, value: Any, *more: Any, **options: Any) -> None:
         self._take(value)
-        if self._inner is not None:
-            self._inner.capture(value, owned=owned)
+        if self._inner is not None:  # the loop's own, called exactly as the layer called this
+            self._inner.capture(value, *more, **options)
 
     def append(self, value: Any) -> None:
         self._take(value)
@@ -320,10 +320,10 @@ class IdentitySampler:
         if style == "callback":
             inner = args.get("capture_output")
 
-            def capture(value: Any, *, owned: bool = False) -> None:
+            def capture(value: Any, *more: Any, **options: Any) -> None:
                 self._take(name, value)
-                if inner is not None:
-                    inner(value, owned=owned)
+                if inner is not None:  # the loop's own, called exactly as the layer called this
+                    inner(value, *more, **options)
 
             args["capture_output"] = capture
         elif style == "collector":

@@ -25,9 +25,9 @@ position 0 of its sequence (SGLang's loops and the profiles treat that row apart
 * the slots: the aux hidden states the body returns (the packed tensor or the list the logits
   processor concatenates for the draft).
 
-The rows are projected on the device to :data:`DIMS` dimensions by one fixed random matrix (equal
-rows stay equal; a relative difference is kept to within a few percent) and copied to pinned host
-memory asynchronously, with an event; the recorder thread takes landed samples
+The rows are projected on the device to :data:`DIMS` dimensions by one fixed random matrix, in
+float32 (equal rows stay equal; a relative difference is kept to within a few percent) and copied
+to pinned host memory asynchronously, with an event; the recorder thread takes landed samples
 (:meth:`IdentitySampler.landed`) and the analysis (export process or recorder thread) compares them
 (:func:`hs_tracer.diagnosis.same_token.identify`).
 
@@ -105,7 +105,7 @@ class _Slot:
                  device: torch.device) -> None:
         cuda = device.type == "cuda"
         self.rows = torch.zeros(capacity, ROWS, hidden, dtype=dtype, device=device)
-        self.host = torch.zeros(capacity * ROWS, dims, dtype=dtype, pin_memory=cuda)
+        self.host = torch.zeros(capacity * ROWS, dims, dtype=torch.float32, pin_memory=cuda)
         self.idx_host = torch.zeros(ROWS, dtype=torch.int64, pin_memory=cuda)
         self.idx = torch.zeros(ROWS, dtype=torch.int64, device=device)
         self.event = torch.cuda.Event() if cuda else None
@@ -207,7 +207,7 @@ class IdentitySampler:
             gen = torch.Generator().manual_seed(SEED)
             if self.dims < self.hidden:
                 proj = torch.randn(self.hidden, self.dims, generator=gen) / self.dims ** 0.5
-                self._proj = proj.to(device=self.device, dtype=self.dtype)
+                self._proj = proj.to(device=self.device)  # float32: fast on every device, and exact enough
         return True
 
     def _arm(self) -> None:
@@ -382,7 +382,7 @@ class IdentitySampler:
             for j, v in enumerate(views):
                 slot.rows[k + j, :n].copy_(v)
             used = slot.rows[:k + len(views), :n].reshape(-1, self.hidden)
-            out = used @ self._proj if self._proj is not None else used
+            out = used.float() @ self._proj if self._proj is not None else used.float()
             slot.host[:out.shape[0]].copy_(out, non_blocking=True)
             if slot.event is not None:
                 slot.event.record()

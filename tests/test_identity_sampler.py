@@ -287,3 +287,15 @@ def test_loops_that_capture_the_inputs_sum_before_the_call_are_measured_too() ->
     sampler = _sampler(late)
     _forward(late, sampler, _batch())
     assert _measure(sampler)[1] == ["block:0", "block:1", "block:3"]  # recorded: embedding, block:0, block:2
+
+
+def test_the_rate_is_validated_like_every_other_setting() -> None:
+    from hs_tracer import config
+
+    assert config.load({})[0].identity_every == 32  # on by default, 1 in 32 prefill forwards
+    assert config.load({"HS_TRACER_IDENTITY_EVERY": "0"})[0].identity_every == 0  # off
+    _cfg, errors = config.load({"HS_TRACER_IDENTITY_EVERY": "-1"})
+    assert errors == ["HS_TRACER_IDENTITY_EVERY='-1' is out of range; give a whole number between 0 and "
+                      "1048576"]
+    _cfg, errors = config.load({"HS_TRACER_IDENTITY_EVERY": "often"})
+    assert len(errors) == 1 and "HS_TRACER_IDENTITY_EVERY='often' is not an integer" in errors[0]

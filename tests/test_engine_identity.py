@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from hs_tracer.diagnosis.report import Report
 from tests.engine_runs import EngineSpec
 from tests.test_engine_real import CORRECT
 
@@ -47,7 +48,7 @@ def test_the_correct_wiring_is_measured_as_recorded_and_ok(real_engines) -> None
     assert _measured(diagnosis) == RECORDED == report["wiring"]["sources"]
     for slot in diagnosis["measured_identity"]["slots"]:
         assert slot["error"] <= 1e-3 < slot["runner_up_error"]  # equal to one source, far from the next
-    assert diagnosis["status"] == "ok"
+    assert diagnosis["status"] == "ok" and Report.from_json(diagnosis).exit_code == 0
     assert not [f for f in diagnosis["findings"] if f["code"] == "capture_record_mismatch"]
 
 
@@ -61,7 +62,7 @@ def test_a_capture_loop_that_feeds_other_layers_is_named_by_measurement(real_eng
     assert report["wiring"]["sources"] == RECORDED
     diagnosis = run.diagnosis_after("real")
     assert _measured(diagnosis) == FED[mode]
-    assert diagnosis["status"] == "miswired"
+    assert diagnosis["status"] == "miswired" and Report.from_json(diagnosis).exit_code == 1
     wrong = {i for i, (fed, rec) in enumerate(zip(FED[mode], RECORDED, strict=True)) if fed != rec}
     mismatches = [f for f in diagnosis["findings"] if f["code"] == "capture_record_mismatch"]
     assert {f["slot"] for f in mismatches} == wrong

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import platform
 import re
 import shutil
@@ -757,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="testbed engines with SGLang's --enable-deterministic-inference (and untraced "
                          "float32 twins): tracing on/off and EAGLE/plain must be identical in every round")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the testbed prompts per engine")
+    ap.add_argument("--identity-every", type=int, default=None,
+                    help="HS_TRACER_IDENTITY_EVERY of every traced server (same-token layer identity on 1 "
+                         "in N prefill forwards; 0 off); default: the environment's, else hs_tracer's")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     if args.target is not None and (args.draft is None or args.profile is None):
@@ -778,6 +782,13 @@ def main(argv: list[str] | None = None) -> int:
     models = write_models(work / "prodwidth")
     plan = {"testbed": testbed_servers(target, draft, shifted, profile, args.tp, args.deterministic),
             "prod": prod_servers(models, args.tp), "radix": radix_servers(target) if args.tp == 1 else []}
+    identity = (str(args.identity_every) if args.identity_every is not None
+                else os.environ.get("HS_TRACER_IDENTITY_EVERY"))
+    if identity is not None:  # passed to every traced server, so throughput is measured with it
+        for servers in plan.values():
+            for s in servers:
+                if s.traced:
+                    s.env = {**s.env, "HS_TRACER_IDENTITY_EVERY": identity}
     if args.servers:
         keep = set(args.servers.split(","))
         plan = {part: [s for s in servers if s.name in keep] for part, servers in plan.items()}
@@ -803,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "real SGLang 0.5.23 EAGLE-3 servers with hs_tracer inside, hs_tracer GPU testbed runtime",
         "date": today, "source": source_state(ROOT), "sglang": SGLANG_VERSION, "tp": args.tp,
         "deterministic_inference": args.deterministic, "rounds": args.rounds,
+        "identity_every": identity if identity is not None else "hs_tracer's default",
         "cuda_graphs": "on (SGLang default: target verify, draft decode, draft extend)",
         "overlap_scheduler": "on (SGLang default, spec v2)",
         "radix_cache": "on (SGLang's Python TreeCore)",

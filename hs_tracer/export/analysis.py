@@ -42,6 +42,7 @@ logger = logging.getLogger("hs_tracer")
 REPORT_EVERY_S = 0.5  # how often the live report is refreshed while steps arrive
 DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
 DIGESTS_KEPT = 8192  # digests waiting for their step's result (steps in flight are a few)
+IDENTITY_ROWS = 64  # same-token identity: the latest rows kept (several sampled forwards pooled)
 _NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
 
@@ -213,6 +214,8 @@ class Analysis:
         self._digests = DigestJoin(DIGESTS_KEPT)
         self._fresh: ChannelStats | None = None  # windows folded in since the last diagnosis
         self._diagnosed_at = -DIAGNOSE_EVERY_S
+        self.identity_samples = 0
+        self._identity_pool: tuple[list[str], np.ndarray, np.ndarray] | None = None
         self._reported_at = 0.0
         self._dirty = False
         self.cost = OwnCost()
@@ -325,6 +328,30 @@ class Analysis:
         self._diagnose(fresh)
         return True
 
+    def on_identity(self, names: Sequence[str], candidates: np.ndarray, slots: np.ndarray) -> None:
+        """One sampled forward's rows (``candidates`` [S, R, D] named by ``names``, ``slots``
+        [R, K, D]): pooled with the latest samples of the same candidates, then each slot is named by
+        what its rows equal (:func:`hs_tracer.diagnosis.same_token.identify`, exact tolerance: inside
+        the engine slot and candidate rows are the same tensors' values)."""
+        import torch
+
+        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify
+
+        names = list(names)
+        if not names or slots.size == 0:
+            return
+        pool = self._identity_pool
+        if pool is not None and pool[0] == names and pool[2].shape[1:] == slots.shape[1:]:
+            candidates = np.concatenate([pool[1], candidates], axis=1)[:, -IDENTITY_ROWS:]
+            slots = np.concatenate([pool[2], slots], axis=0)[-IDENTITY_ROWS:]
+        self._identity_pool = (names, candidates, slots)
+        self.identity_samples += 1
+        rows = torch.from_numpy(np.array(slots, dtype=np.float32))
+        cands = {n: torch.from_numpy(np.array(candidates[i], dtype=np.float32))
+                 for i, n in enumerate(names)}
+        self.measured = identify(rows, cands, EXACT_TOLERANCE)
+        self._dirty = True
+
     def _diagnose(self, window: ChannelStats) -> None:
         """Judge everything seen so far against the profile (the wiring does not change while a
         process runs, so more tokens only sharpen the verdict); the drift score is that of the
@@ -388,4 +415,7 @@ class Analysis:
             out = self.report.to_json()
         out["windows"] = self.window_reports
         out["profile"] = str(self.setup.profile) if self.setup.profile else None
+        out["measured_identity"] = None if self.measured is None else {
+            "samples": self.identity_samples, "slots": [m.to_json() for m in self.measured]}
         return out
+

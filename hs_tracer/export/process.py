@@ -117,6 +117,10 @@ class ExportProcess:
         """Queue a diagnosis window's channel sums (written from its arrays at :meth:`flush`)."""
         self._queue("window", {}, [window.count, window.sum, window.sumsq])
 
+    def queue_identity(self, names: list[str], candidates: np.ndarray, slots: np.ndarray) -> None:
+        """Queue one identity sample's rows (integrations/sglang/identity.py)."""
+        self._queue("identity", {"sources": list(names)}, [candidates, slots])
+
     def queue_status(self, status: dict[str, Any], health: Health) -> None:
         """Queue this process's status and health."""
         self._queue("status", {"status": status, "health": vars(health)})
@@ -151,6 +155,8 @@ class _Worker:
         elif kind == "window":
             window = window_from_message(arrays)
             self.window = window if self.window is None else self.window.merge(window)
+        elif kind == "identity":
+            self.analysis.on_identity(meta["sources"], arrays[0], arrays[1])
         elif kind == "status":
             self.status, self.health = meta["status"], Health(**meta["health"])
             self.analysis.mark_dirty()

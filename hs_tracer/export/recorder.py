@@ -73,6 +73,19 @@ class StepSource(Protocol):
     def take_batch(self, *, requests: bool, scratch: Scratch | None) -> StepBatch | None: ...
 
 
+class IdentitySample(Protocol):
+    """One sampled forward's rows (integrations/sglang/identity.py): candidates [S, R, D] named by
+    ``sources``, the draft-input slots [R, K, D]."""
+
+    sources: list[str]
+    candidates: Any
+    slots: Any
+
+
+class IdentitySource(Protocol):
+    def landed(self) -> list[IdentitySample]: ...
+
+
 class CaptureSource(Protocol):
     def poll(self) -> None: ...
 
@@ -225,6 +238,8 @@ class Recorder(threading.Thread):
         assert self.analysis is not None
         batches = list(self._batches())
         self._poll_capture()
+        for sample in self._identity():
+            self.analysis.on_identity(sample.sources, sample.candidates, sample.slots)
         if self.analysis.work(batches, self._read_window(), self._health(), between=_yield):
             self.st.write_report()
         if batches:
@@ -257,7 +272,10 @@ class Recorder(threading.Thread):
             since, self._since = now - self._since, now
             export.check()  # also while idle: a death after the last hand-off must still switch tracing off
             health = self._health()
-            if not (waiting or windows or health != self._sent_health):
+            samples = self._identity()
+            for sample in samples:  # a few kB each, one in HS_TRACER_IDENTITY_EVERY prefills
+                export.queue_identity(sample.sources, sample.candidates, sample.slots)
+            if not (waiting or windows or samples or health != self._sent_health):
                 return BATCH_INTERVAL_S
             batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
             status = None
@@ -288,6 +306,11 @@ class Recorder(threading.Thread):
         st = self.st
         return Health(dropped=st.dropped, hook_errors=st.hook_errors, enabled=st.enabled,
                       input_width=st.steps.input_width if st.steps is not None else None)
+
+    def _identity(self) -> list[IdentitySample]:
+        """Identity samples whose host copy landed (none without a sampler)."""
+        sampler: IdentitySource | None = getattr(self.st, "identity", None)
+        return sampler.landed() if sampler is not None else []
 
     def _poll_capture(self) -> None:
         if self.st.capture is not None:

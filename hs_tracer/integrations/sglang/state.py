@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from hs_tracer.export.recorder import Recorder
     from hs_tracer.export.report_file import ReportFile
     from hs_tracer.fingerprint.probe import FingerprintProbe
+    from hs_tracer.integrations.sglang.identity import IdentitySampler
     from hs_tracer.integrations.sglang.steps import StepPath
 
 logger = logging.getLogger("hs_tracer")
@@ -65,6 +66,7 @@ class TracerState:
     role: str = "null"  # SGLang's disaggregation_mode: "null" (both), "prefill" or "decode"
     recorder: Recorder | None = None
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
+    identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _report_file: ReportFile | None = None
     _probes: tuple[FingerprintProbe | None, FingerprintProbe | None] | None = None  # (decode, prefill)
@@ -272,6 +274,7 @@ class TracerState:
             "capture_sink": None if self.capture is None else {
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
+            "identity": None if self.identity is None else self.identity.status(),
         }
         overhead = self.recorder.overhead_json() if self.recorder is not None else None
         if overhead is not None:  # in-thread analysis; else the export process adds it to the report

@@ -144,6 +144,8 @@ def layer_style(forward: Callable[..., Any]) -> str | None:
     (``captured_last_layer_outputs``), ``inputs`` (loops that capture ``hidden_states + residual``
     of a layer's inputs before calling it), or None (unknown: no identity for this model)."""
     params = inspect.signature(forward).parameters
+    if "forward_batch" not in params:
+        return None
     if "capture_output" in params:
         return "callback"
     if "captured_last_layer_outputs" in params:
@@ -194,20 +196,21 @@ class IdentitySampler:
         styles = [layer_style(layers[i].forward) for i in range(self.start, self.end)]
         if not styles or any(s is None for s in styles):
             return False
-        for i, style in zip(range(self.start, self.end), styles, strict=True):
-            layer = layers[i]
-            wrapper = self._wrap(i, layer.forward, style)
-            if i == self.start:
-                layer.forward = wrapper
-            else:
-                self._taps.append((layer, layer.__dict__.get("forward"), wrapper))
-        if self.record:
+        if self.record:  # buffers first: nothing is wrapped unless they exist
             self._slots = [_Slot(self._capacity, self.hidden, self.dims, self.dtype, self.device)
                            for _ in range(SLOTS)]
             gen = torch.Generator().manual_seed(SEED)
             if self.dims < self.hidden:
                 proj = torch.randn(self.hidden, self.dims, generator=gen) / self.dims ** 0.5
                 self._proj = proj.to(device=self.device)  # float32: fast on every device, and exact enough
+        wrappers = [self._wrap(i, layers[i].forward, style)
+                    for i, style in zip(range(self.start, self.end), styles, strict=True)]
+        for i, wrapper in zip(range(self.start, self.end), wrappers, strict=True):
+            layer = layers[i]
+            if i == self.start:
+                layer.forward = wrapper
+            else:
+                self._taps.append((layer, layer.__dict__.get("forward"), wrapper))
         return True
 
     def _arm(self) -> None:
@@ -236,7 +239,7 @@ class IdentitySampler:
             if compiling():  # traced by torch.compile: folds away
                 return forward(*args, **kwargs)
             if first:
-                self._begin(kwargs["forward_batch"] if "forward_batch" in kwargs else args[fb_at])
+                self._begin(args, kwargs, fb_at)
             if self.active is None:
                 return forward(*args, **kwargs)
             try:
@@ -254,14 +257,16 @@ class IdentitySampler:
         return layer_forward
 
     # ---- per forward ---------------------------------------------------------------------------
-    def _begin(self, fb: Any) -> None:
-        """The first layer of a forward: is it sampled? (a countdown check unless it is)"""
+    def _begin(self, args: tuple[Any, ...], kwargs: dict[str, Any], fb_at: int) -> None:
+        """The first layer of a forward (its arguments): is it sampled? (a countdown check unless it
+        is)"""
         self.active = None
         if self._armed:  # a sampled forward that never reached the body's end
             self._disarm()
         if self.every <= 0 or self.failed is not None:
             return
         try:
+            fb = kwargs["forward_batch"] if "forward_batch" in kwargs else args[fb_at]
             mode = fb.forward_mode
             if self.countdown > 0:
                 if mode.name in ("EXTEND", "MIXED"):
@@ -479,7 +484,12 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target_device, st.target_dtype, record=st.emitting, fail=_log_failure)
-    if not sampler.install():
+    try:
+        installed = sampler.install()
+    except (RuntimeError, ValueError, TypeError) as exc:  # e.g. no memory for its buffers: serve without
+        logger.warning("hs_tracer: in-engine layer identity is off: %s: %s", type(exc).__name__, exc)
+        return None
+    if not installed:
         logger.info("hs_tracer: %s's decoder layers take no capture hs_tracer knows; in-engine layer "
                     "identity is off", type(body).__name__)
         return None

@@ -52,6 +52,8 @@ class Record:
     positions: np.ndarray | None = None  # [T] token positions within their sequence, if known
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [T, H] in the stored dtype
     accept_lengths: np.ndarray | None = None  # captures: accept lengths of the steps in this shard
+    input_ids: np.ndarray | None = None  # [T] token ids of the rows, where the dump keeps them
+    extend_lens: np.ndarray | None = None  # captures: rows per request, in row order
 
 
 @dataclass
@@ -158,11 +160,13 @@ class SpecForgeReader(Reader):
         extras = {}
         if "hidden_state" in data:  # SpecForge keeps the post-final-norm state (the LM head input)
             extras["final_norm"] = self._squeeze(data["hidden_state"]).reshape(t, -1)
+        ids = data.get("input_ids")
         yield Record(
             key=f"{self.rel(file)}:0",
             slots=aux.reshape(t, num_slots, hidden),
             positions=np.arange(t),
             extras=extras,
+            input_ids=None if ids is None else ids.reshape(-1).long().numpy(),
         )
 
 
@@ -183,18 +187,20 @@ class SpeculatorsReader(Reader):
 
         try:
             with safe_open(str(file), framework="pt") as f:
+                keys = set(f.keys())
                 hs = f.get_tensor("hidden_states")
-                final = f.get_tensor("final_norm") if "final_norm" in set(f.keys()) else None
+                final = f.get_tensor("final_norm") if "final_norm" in keys else None
+                ids = f.get_tensor("token_ids").reshape(-1).long().numpy() if "token_ids" in keys else None
         except Exception as exc:
             raise LayoutError(
                 f"{file}: not a speculators hidden-state file with 'hidden_states' ({exc})"
             ) from exc
         if hs.dim() != 3:
             raise LayoutError(f"{file}: hidden_states must be [T, L, H], got {tuple(hs.shape)}")
-        return hs, final
+        return hs, final, ids
 
     def layout(self) -> Layout:
-        hs, final = self.load(self._files[0])
+        hs, final, _ids = self.load(self._files[0])
         _t, layers, hidden = hs.shape
         return Layout(
             producer=self.producer,
@@ -210,7 +216,7 @@ class SpeculatorsReader(Reader):
         self, file: Path, num_slots: int, hidden: int, layer_index: list[int] | None = None
     ) -> Iterator[Record]:
         """``layer_index``: which file layers form the slots, in slot order (default: the first K)."""
-        hs, final = self.load(file)
+        hs, final, ids = self.load(file)
         t, layers, h = hs.shape
         if h != hidden:
             raise LayoutError(f"{file}: hidden size {h}, expected {hidden}")
@@ -221,7 +227,8 @@ class SpeculatorsReader(Reader):
         if final is not None:
             extras["final_norm"] = final.reshape(t, h)
         slots = hs[:, : len(idx)] if idx == list(range(len(idx))) else hs[:, idx]  # a view when it can
-        yield Record(key=f"{self.rel(file)}:0", slots=slots, positions=np.arange(t), extras=extras)
+        yield Record(key=f"{self.rel(file)}:0", slots=slots, positions=np.arange(t), extras=extras,
+                     input_ids=ids)
 
 
 class CaptureReader(Reader):
@@ -265,6 +272,8 @@ class CaptureReader(Reader):
                 slots=torch.from_numpy(shard.features.reshape(n, num_slots, hidden)),
                 positions=pos,
                 accept_lengths=shard.accept_lengths,
+                input_ids=shard.input_ids if (shard.input_ids >= 0).all() else None,
+                extend_lens=shard.extras.get("extend_lens"),
             )
 
 

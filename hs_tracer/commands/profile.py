@@ -283,7 +283,7 @@ def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[in
     from hs_tracer.diagnosis.recompute import measure
     from hs_tracer.errors import InputError
     from hs_tracer.profile import token_rows
-    from hs_tracer.profile.target_forward import load_target
+    from hs_tracer.profile.target_forward import has_weights, load_target, too_large
 
     for flag, value, low in (("--measure-sequences", args.measure_sequences, 0),
                              ("--measure-tokens", args.measure_tokens, 1)):
@@ -291,12 +291,16 @@ def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[in
             raise InputError(f"{flag} {value}", f"needs at least {low}", "leave it out for the default")
     if args.target is None or args.measure_sequences == 0:
         return None
-    if not (args.target.is_dir() and any(args.target.glob("*.safetensors"))):
+    if not has_weights(args.target):
         print(f"sources not measured: --target {args.target} has no safetensors weights (config only)",
               file=sys.stderr)
         return None
     if shard is not None and shard[0] != 0:
         print("sources not measured here: shard 0 measures them for the whole build", file=sys.stderr)
+        return None
+    problem = too_large(args.target)
+    if problem is not None:
+        print(f"sources not measured: --target {args.target}: {problem}", file=sys.stderr)
         return None
     owner = {f: d for d in dumps for f in d.reader.files()}
     sample = token_rows.sample(list(owner), lambda f: owner[f].records(f), sequences=args.measure_sequences,

@@ -30,6 +30,8 @@ from hs_tracer.errors import InputError
 from hs_tracer.sources import EMBEDDING, FINAL_NORM, all_sources
 
 FIX = "pass the target model's directory (config.json and its safetensors weights)"
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_FLOAT32 = 4
 
 
 @dataclass
@@ -79,6 +81,49 @@ class Target:
         return {name: seen[name][0, pick].float() for name in self.sources}
 
 
+def has_weights(path: Path) -> bool:
+    """Whether ``path`` is a model directory with safetensors weights (not a config alone)."""
+    return path.is_dir() and any(path.glob("*.safetensors"))
+
+
+def float32_bytes(path: Path) -> int:
+    """What the target's weights take in float32: their element count (read from the safetensors
+    headers, no tensor loaded) times 4."""
+    from safetensors import safe_open
+
+    elements = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names = f.keys()
+            elements += sum(int(np.prod(f.get_slice(k).get_shape())) for k in names)
+    return elements * _FLOAT32
+
+
+def memory_limit() -> int:
+    """The memory this process may use: physical memory, or the container's limit when lower (a pod's
+    ``limits.memory``: exceeding it kills the process instead of failing an allocation)."""
+    import os
+
+    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for file in _CGROUP_LIMITS:
+        try:
+            text = Path(file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = min(limit, int(text))
+    return limit
+
+
+def too_large(path: Path) -> str | None:
+    """Why the target at ``path`` cannot be recomputed here (its float32 weights would not fit in
+    memory), or None when it can."""
+    need, have = float32_bytes(path), memory_limit()
+    if need <= 0.8 * have:
+        return None
+    return f"its weights take {need / 2**30:.1f} GiB in float32, this machine allows {have / 2**30:.1f} GiB"
+
+
 def _decoder(model: Any) -> Any:
     """The module that runs the decoder layers and the final norm (text decoders and the language
     model of multimodal wrappers)."""
@@ -100,9 +145,12 @@ def load_target(path: str | Path, flag: str = "--target") -> Target:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise InputError(where, f"no readable config.json ({exc.__class__.__name__})", FIX) from None
-    if not any(path.glob("*.safetensors")):
+    if not has_weights(path):
         raise InputError(where, "holds no safetensors weights (other weight formats are pickles, never "
                          "loaded)", FIX)
+    problem = too_large(path)
+    if problem is not None:
+        raise InputError(where, problem, "recompute on a machine that holds the target in float32")
     arch = ((config.get("architectures") or ["?"]) if isinstance(config, dict) else ["?"])[0]
     # transformers is imported here only: loading it costs seconds, and only a recomputation needs it.
     from transformers import AutoModelForCausalLM

@@ -8,7 +8,7 @@ from hs_tracer.diagnosis.acceptance import acceptance_findings
 from hs_tracer.diagnosis.causes import group
 from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.report import Report
-from hs_tracer.diagnosis.verdict import live_report
+from hs_tracer.diagnosis.verdict import live_report, recorded_wiring
 from hs_tracer.profile.expectation import ExpectedAcceptance, chain_accepted, training_sequences
 
 EXPECTED = ExpectedAcceptance([0.75, 0.62, 0.56], rows=2767, sequences=64, num_steps=3, draft="d",
@@ -119,103 +119,107 @@ def test_live_norm_flag_differs_from_the_measured_one() -> None:
     assert live_report([], judged, HEALTHY, profile, {"norm_output": False}).exit_code == 0
 
 
-def test_layers_right_by_the_engine_record_keep_the_cause_on_the_vocabulary() -> None:
-    """Recorded on the CPU engine with a regenerated d2t: one slot's window sat nearer a neighbour
-    (rows of rejected draft tokens) while the engine's layers_to_capture matched the profile."""
+
+def _profile():
     from hs_tracer.profile.model import Profile
 
-    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
-    slip = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, "slot 2 carries block:3", "fix", slot=2,
-                   expected="block:4", observed="block:3")
+    return Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
+
+
+def _measured(index: int, source: str, runner_up: str = "block:0"):
+    from hs_tracer.diagnosis.same_token import MeasuredSlot
+
+    return MeasuredSlot(index=index, sources=(source,), rows=512, error=0.0, nearest=source,
+                        runner_up=runner_up, runner_up_error=0.3)
+
+
+def test_a_collapse_with_the_features_measured_right_says_so_not_drift() -> None:
+    """A draft whose vocabulary map is broken (d2t zeroed: acceptance 1.0) fed exactly its trained
+    layers: status ``acceptance`` with the vocabulary map as the cause, and no slot finding at all."""
+    judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.6),
+                           SlotVerdict(1, "block:3", "block:3", 0.6)])
+    report = live_report([], judged, COLLAPSED, _profile(), {}, engine_layers_checked=True,
+                         measured=[_measured(0, "block:1"), _measured(1, "block:3")])
+    assert report.status == "acceptance" and report.exit_code == 1
+    assert [r.cause for r in report.root_causes()] == ["vocabulary_map"]
+    assert not [f for f in report.findings if f.code is Code.SLOT_SOURCE_MISMATCH]
+
+
+def test_a_statistics_mismatch_is_not_overruled_by_the_engine_record() -> None:
+    """The window names block:3 for slot 2 decisively while the engine records its trained block:4:
+    the mismatch stays critical whatever the acceptance, and the record's disagreement is a finding
+    of its own whose fix points at the capture loop, not at the draft config."""
+    slip = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
+                   "slot 2 carries block:3 (distance 0.5 vs 4 to block:4, in match levels)", "fix the ids",
+                   slot=2, expected="block:4", observed="block:3")
     judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.6),
                            SlotVerdict(2, "block:4", "block:3", 0.6)], findings=[slip])
-    report = live_report([], judged, COLLAPSED, profile, {}, engine_layers_checked=True)
-    roots = report.root_causes()
-    assert [(r.cause, r.severity) for r in roots] == [("vocabulary_map", Severity.CRITICAL),
-                                                       ("features", Severity.WARNING)]
-    # a critical static wiring finding keeps the live mismatch critical and the blame on the wiring
-    ids = Finding(Code.LAYER_ID_CONVENTION, Severity.CRITICAL, "slot 2 fed block:3", "set ids", slot=2)
-    assert live_report([ids], judged, COLLAPSED, profile, {},
-                       engine_layers_checked=True).root_causes()[0].cause == "layer_ids"
-    # without the engine's record (a capture on disk) the statistics are the only evidence
-    assert live_report([], judged, COLLAPSED, profile, {}).root_causes()[0].cause == "features"
+    for acceptance in (HEALTHY, COLLAPSED):
+        report = live_report([], judged, acceptance, _profile(), {}, engine_layers_checked=True)
+        assert report.status == "miswired" and report.exit_code == 1, report.human()
+        assert [s.observed_source for s in report.slots] == ["block:1", "block:3"]
+        (record,) = [f for f in report.findings if f.code is Code.CAPTURE_RECORD_MISMATCH]
+        assert record.severity is Severity.CRITICAL
+        assert (record.expected, record.observed) == ("block:4", "block:3")
+        assert "capture loop" in record.fix and "eagle_aux_hidden_state_layer_ids" not in record.fix
+        assert report.root_causes()[0].cause == "capture_loop"
 
 
-def test_the_engine_record_settles_an_ambiguous_slot_once_the_acceptance_is_judged() -> None:
-    """A window that admits the trained source and a neighbour, with the engine's layers_to_capture
-    matching the profile: info (the record decides) once the acceptance is judged and healthy; a
-    warning before that; with a collapse the acceptance is critical, never ``ok``."""
-    from hs_tracer.profile.model import Profile
-
-    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
-    either = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.WARNING, "slot 0 carries block:1 or block:0",
-                     "collect a longer window", slot=0, expected="block:0", observed="unknown",
+def test_an_unresolved_slot_names_the_record_as_unconfirmed_and_is_never_ok() -> None:
+    """A window that admits the trained source and a neighbour, with the engine's record matching the
+    profile: a warning naming what it cannot tell apart and the record as unconfirmed, with any
+    acceptance; a measurement settles it."""
+    either = Finding(Code.SLOT_SOURCE_UNRESOLVED, Severity.WARNING, "slot 0 carries block:1 or block:0",
+                     "measure it", slot=0, expected="block:0", observed="unknown",
                      details={"candidates": ["block:1", "block:0"]})
     judged = Report(slots=[SlotVerdict(0, "block:0", "unknown", 0.5, candidates=["block:1", "block:0"])],
                     findings=[either])
-
-    def report(acceptance: Acceptance, checked: bool = True) -> Report:
-        return live_report([], judged, acceptance, profile, {}, engine_layers_checked=checked)
-
-    settled = report(HEALTHY)
-    assert settled.status == "ok" and settled.exit_code == 0, settled.findings
-    (f,) = settled.findings
-    assert f.severity is Severity.INFO and "carries its trained source" in f.message
-    early = report(Acceptance(steps=20, mean_accept_length=2.8, per_position_rate=[0.72, 0.58, 0.5]))
-    assert early.status == "warning" and "(20 so far)" in early.findings[0].message
-    collapsed = report(COLLAPSED)
-    assert collapsed.status != "ok" and collapsed.exit_code == 1
-    # without the engine's record (a capture on disk) the statistics alone leave it ambiguous
-    assert report(HEALTHY, checked=False).status == "warning"
-
-
-def test_the_engine_record_overrules_a_thin_statistics_mismatch_once_the_draft_is_seen_working() -> None:
-    """Recorded on vLLM's CPU engine: slot 0's window sat nearer block:1 than its trained block:0
-    (distance 1.0 vs 1.23) while the layers vLLM resolved were the profile's and the draft accepted
-    at its training level. The record decides once the acceptance is judged and did not collapse:
-    ``ok``, the slot read as not told apart, and no advice to rewire a layer the engine already feeds;
-    before that a warning with nothing to rewire; with a collapse, never ``ok``."""
-    from hs_tracer.profile.model import Profile
-
-    profile = Profile(meta={"expected_acceptance": EXPECTED.to_json()}, slots=None, pieces={})  # type: ignore[arg-type]
-    near = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
-                   "slot 0 carries block:1; the draft was trained on block:0 (distance 1 vs 1.23 to block:0, "
-                   "in match levels)", "make the engine feed block:0 in slot 0", slot=0, expected="block:0",
-                   observed="block:1")
-    judged = Report(slots=[SlotVerdict(0, "block:0", "block:1", 0.5, distance=1.0, alternative="block:0",
-                                       alternative_distance=1.23)], findings=[near])
-
-    def report(acceptance: Acceptance, checked: bool = True) -> Report:
-        return live_report([], judged, acceptance, profile, {}, engine_layers_checked=checked)
-
-    settled = report(HEALTHY)
-    assert settled.status == "ok" and settled.exit_code == 0, settled.findings
-    (f,) = settled.findings
-    assert f.severity is Severity.INFO and not f.fix and "carries its trained source" in f.message
-    (slot,) = settled.slots
-    assert slot.observed_source == "unknown" and slot.candidates == ["block:1", "block:0"]
-    assert "<-- mismatch" not in settled.human() and "<-- ambiguous" in settled.human()
-    early = report(Acceptance(steps=20, mean_accept_length=2.8, per_position_rate=[0.72, 0.58, 0.5]))
-    assert early.status == "warning" and early.exit_code == 0
-    assert all("feed block:0" not in g.fix for g in early.findings), early.findings
-    collapsed = report(COLLAPSED)
-    assert collapsed.status != "ok" and collapsed.exit_code == 1
-    assert all("feed block:0" not in g.fix for g in collapsed.findings), collapsed.findings
-    # without the engine's record the statistics are the only evidence: critical, with the rewiring
-    alone = report(HEALTHY, checked=False)
-    assert alone.exit_code == 1 and "feed block:0" in alone.findings[0].fix
+    early = Acceptance(steps=20, mean_accept_length=2.8, per_position_rate=[0.7, 0.6, 0.5])
+    for acceptance in (HEALTHY, early):
+        report = live_report([], judged, acceptance, _profile(), {}, engine_layers_checked=True)
+        assert report.status == "warning" and report.exit_code == 0, report.human()
+        (f,) = report.findings
+        assert f.code is Code.SLOT_SOURCE_UNRESOLVED and "nothing measured confirms it" in f.message
+    measured = live_report([], judged, HEALTHY, _profile(), {}, engine_layers_checked=True,
+                           measured=[_measured(0, "block:0", runner_up="block:1")])
+    assert measured.status == "ok" and not measured.findings, measured.human()
+    assert measured.slots[0].observed_source == "block:0" and "measured on 512 tokens" in measured.human()
+    shifted = live_report([], judged, HEALTHY, _profile(), {}, engine_layers_checked=True,
+                          measured=[_measured(0, "block:1")])
+    assert shifted.status == "miswired" and shifted.exit_code == 1, shifted.human()
+    codes = {(f.code, f.severity) for f in shifted.findings}
+    assert codes == {(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL),
+                     (Code.CAPTURE_RECORD_MISMATCH, Severity.CRITICAL)}
 
 
-def test_the_engine_record_names_each_slot_where_the_window_reads_the_trained_source(
+def test_a_measurement_decides_against_the_window_and_a_record_right_by_accident_is_a_warning() -> None:
+    """The measurement outranks the window's statistics either way; where the engine's record says
+    another source than the rows measurably are while those are the trained ones, that is a warning
+    (served right now), and the config finding that followed the record is not critical either."""
+    slip = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, "slot 0 carries block:0", "fix", slot=0,
+                   expected="block:1", observed="block:0")
+    judged = Report(slots=[SlotVerdict(0, "block:1", "block:0", 0.5)], findings=[slip])
+    report = live_report([], judged, HEALTHY, _profile(), {}, engine_layers_checked=True,
+                         measured=[_measured(0, "block:1")])
+    assert report.status == "ok" and report.exit_code == 0, report.human()
+    ids = Finding(Code.LAYER_ID_CONVENTION, Severity.CRITICAL, "slot 0 fed block:0", "set ids", slot=0,
+                  expected="block:1", observed="block:0")
+    report = live_report([ids], judged, HEALTHY, _profile(), {}, engine_layers_checked=True,
+                         measured=[_measured(0, "block:1")])
+    assert report.exit_code == 0 and report.status == "warning", report.human()
+    (record,) = [f for f in report.findings if f.code is Code.CAPTURE_RECORD_MISMATCH]
+    assert record.severity is Severity.WARNING and record.expected == "block:0"
+
+
+def test_the_engine_record_and_the_statistics_each_keep_their_say(
         testbed, testbed_profile, tmp_path) -> None:
-    """The testbed draft miswired by its config (every id one lower) with windows whose last
-    slot, or every slot, sits at the trained source (a real model's neighbours can look so): each slot
-    is named as the engine's record feeds it, as its critical finding says, live (the startup check
-    of SGLang's layers_to_capture) and on a capture (its manifest) alike; the trained source the
-    statistics sat nearest stays the one to compare with."""
+    """The testbed draft miswired by its config (every id one lower) with windows whose last slot,
+    or every slot, holds rows of the trained source: each slot is named by its decisive statistics,
+    never by the record alone; where the record says another source than those statistics show,
+    that disagreement is critical (live at startup and on a capture's manifest alike), so no such
+    report exits 0."""
     import numpy as np
 
-    from hs_tracer.diagnosis.verdict import recorded_wiring
     from hs_tracer.diagnosis.wiring import capture, check_wiring
     from hs_tracer.preflight.checkpoint import read_checkpoint
     from hs_tracer.preflight.config import read_draft_config, read_target_config
@@ -232,25 +236,21 @@ def test_the_engine_record_names_each_slot_where_the_window_reads_the_trained_so
     fed = capture(wiring).sources
     assert all(f != t for f, t in zip(fed, trained, strict=True))
     startup = check_wiring(wiring, trained)
-    codes = {(f.slot, f.code, f.severity) for f in startup if f.severity is Severity.CRITICAL}
-    assert codes == {(k, Code.LAYER_ID_CONVENTION, Severity.CRITICAL) for k in range(len(fed))}
     from_capture, _matches = recorded_wiring(fed, profile)
 
     pool = pool_from_testbed(testbed.target, docs=48, domain="train", seed=1234)
     rng = np.random.default_rng(7)
     for window in ([*fed[:-1], trained[-1]], trained):
         judged = judge(profile, pool.window(window, 512, rng))
-        assert [s.observed_source for s in judged.slots][-1] == trained[-1]  # what misled the table
+        assert [s.observed_source for s in judged.slots] == window
         for static, checked in ((startup, True), (from_capture, False)):
             report = live_report(static, judged, HEALTHY, profile, {}, engine_layers_checked=checked)
-            assert [s.observed_source for s in report.slots] == fed, report.human()
-            assert report.status == "miswired" and report.exit_code == 1, report.human()
-            critical = {f.slot: f.observed for f in report.findings if f.severity is Severity.CRITICAL}
-            assert critical == dict(enumerate(fed)), report.human()
-            last = report.slots[-1]
-            assert last.alternative == trained[-1] and last.distance is None and not last.candidates
-            assert f"sat nearest {trained[-1]} (trained)" in report.human()
-            # the window's own findings never name another source for a slot than the record does
+            assert [s.observed_source for s in report.slots] == window, report.human()
+            assert report.exit_code == 1, report.human()
+            disagree = {f.slot for f in report.findings if f.code is Code.CAPTURE_RECORD_MISMATCH
+                        and f.severity is Severity.CRITICAL}
+            assert disagree == {k for k, (f, w) in enumerate(zip(fed, window, strict=True)) if f != w}
+            # one source per slot: no critical finding names another source for a slot than its row
             named = [f for f in report.findings if f.slot is not None and f.observed
-                     and f.severity is not Severity.INFO]
-            assert all(f.observed == fed[f.slot] for f in named), report.human()
+                     and f.severity is Severity.CRITICAL and f.code is not Code.CAPTURE_RECORD_MISMATCH]
+            assert all(f.observed == window[f.slot] for f in named), report.human()

@@ -259,6 +259,34 @@ def test_profile_mismatch_names_the_right_profile(tmp_path, testbed) -> None:
         "use the profile built for this target's training data (hs-tracer profile build)")
 
 
+def test_a_capture_loop_that_is_not_what_the_engine_records_is_fixed_in_the_engine_not_the_config() -> None:
+    """The engine records the trained source for slot 0 while the rows it feeds measurably equal the
+    next block's: the fix points at the target's model class in the engine; the draft config has
+    nothing to change (``capture_record_mismatch``); an unresolved window asks for a measurement
+    (``slot_source_unresolved``)."""
+    from hs_tracer.diagnosis.findings import SlotVerdict
+    from hs_tracer.diagnosis.same_token import MeasuredSlot
+    from hs_tracer.diagnosis.verdict import live_report
+
+    judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.6)])
+    late = MeasuredSlot(0, ("block:2",), rows=256, error=0.0, nearest="block:2", runner_up="block:1",
+                        runner_up_error=0.2)
+    report = live_report([], judged, None, None, engine_layers_checked=True, measured=[late])
+    fix = _root(report, Code.CAPTURE_RECORD_MISMATCH)
+    assert "model class in the engine" in fix and "draft config cannot fix" in fix
+    assert report.root_causes()[0].fix == fix
+    from hs_tracer.diagnosis.matcher import SlotMatch, slot_findings
+
+    either = SlotMatch(0, "block:1", "unknown", d_expected=1.1, d_best=1.0, best="block:2",
+                       runner_up="block:1", d_runner_up=1.1, verdict="ambiguous",
+                       candidates=["block:2", "block:1"])
+    slots, findings = slot_findings([either], t_match=1.0, has_atlas=True)
+    assert [f.code for f in findings] == [Code.SLOT_SOURCE_UNRESOLVED]
+    window = Report(slots=slots, findings=findings)
+    fix = _root(live_report([], window, None, None), Code.SLOT_SOURCE_UNRESOLVED)
+    assert "HS_TRACER_IDENTITY_EVERY" in fix
+
+
 def test_every_code_has_a_case() -> None:
     """A new finding code needs its fix-advice case here."""
     import sys

@@ -21,19 +21,22 @@ FEATURES = "features"
 VOCABULARY = "vocabulary_map"
 NORM_FLAGS = "norm_flags"
 ACCEPTANCE = "acceptance"
+CAPTURE_LOOP = "capture_loop"
 
 _BY_CODE = {
     Code.LAYER_IDS_IGNORED: LAYER_IDS,
     Code.LAYER_ID_CONVENTION: LAYER_IDS,
     Code.SLOT_SOURCE_MISMATCH: FEATURES,
+    Code.SLOT_SOURCE_UNRESOLVED: FEATURES,
+    Code.CAPTURE_RECORD_MISMATCH: CAPTURE_LOOP,
     Code.DRAFT_INPUT_WIDTH_MISMATCH: INPUT_WIDTH,
     Code.D2T_INVALID: VOCABULARY,
     Code.NORM_FLAGS: NORM_FLAGS,
     Code.ACCEPTANCE_DROP: ACCEPTANCE,
 }
 # Where a symptom goes, first match wins: wiring causes, then the non-wiring ones in likelihood order.
-_SYMPTOM_HOSTS = (LAYER_IDS, INPUT_WIDTH, FEATURES, Code.FEATURES_FROM_OTHER_REQUESTS.value, VOCABULARY,
-                  NORM_FLAGS)
+_SYMPTOM_HOSTS = (LAYER_IDS, CAPTURE_LOOP, INPUT_WIDTH, FEATURES, Code.FEATURES_FROM_OTHER_REQUESTS.value,
+                  VOCABULARY, NORM_FLAGS)
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

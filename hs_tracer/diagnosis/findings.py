@@ -41,8 +41,9 @@ class Code(str, enum.Enum):
     FEATURES_FROM_OTHER_REQUESTS = "features_from_other_requests"  # right layers, other requests' tokens
     PROFILE_MISMATCH = "profile_mismatch"  # warning: the reference profile is of another model, unused
     CAPTURE_RAISES = "capture_raises"  # capturing the configured layers raises at the first forward
-    CAPTURE_RECORD_MISMATCH = "capture_record_mismatch"  # the engine's record of a slot's source is not what it feeds
+    CAPTURE_RECORD_MISMATCH = "capture_record_mismatch"  # the engine's record of a slot is not what it feeds
     TRAINING_RECORD_MISMATCH = "training_record_mismatch"  # a dump's ids say other layers than its rows hold
+    SLOT_SOURCE_UNRESOLVED = "slot_source_unresolved"  # warning: the window cannot name a slot's source
 
 
 NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)
@@ -89,8 +90,9 @@ class SlotVerdict:
     the slot's statistics from the observed source's, in multiples of that level; ``alternative`` is
     the source a reader would compare with (the trained one when another was observed, else the
     nearest other) at ``alternative_distance``. A preflight slot (from the config, nothing measured)
-    has no distance; nor has a slot the engine's record of what it feeds decides against the window,
-    whose ``alternative`` is then what the statistics sat nearest.
+    has no distance. A slot named by same-token identity has no distance either but
+    ``measured_error``: the relative error of its rows against the named source's, computed on the
+    same ``measured_rows`` tokens (``measured_runner_up_error`` that of ``alternative``).
     """
 
     index: int
@@ -102,17 +104,24 @@ class SlotVerdict:
     alternative: str | None = None
     alternative_distance: float | None = None
     candidates: list[str] | None = None  # sources this window cannot tell apart (observed "unknown")
+    measured_error: float | None = None
+    measured_rows: int | None = None
+    measured_runner_up_error: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k == "score"}
 
     def evidence(self) -> str:
         """The slot's evidence in words: what it matches, how near, and what the other candidate would be."""
-        if self.distance is None and self.alternative is not None:  # the engine's record overruled
-            trained = " (trained)" if self.alternative == self.expected_source else ""
-            at = "" if self.alternative_distance is None else f", distance {_num(self.alternative_distance)}"
-            return (f"(the engine's own record of the layers it feeds; the window's statistics sat nearest "
-                    f"{self.alternative}{trained}{at})")
+        if self.measured_rows is not None:
+            if self.candidates:
+                what = f"rows equal each of {' or '.join(self.candidates)}, not told apart"
+            else:
+                what = f"rows equal it: relative error {_pct(self.measured_error)}"
+            other = "" if self.alternative is None else (
+                f"; {self.alternative}{' (trained)' if self.alternative == self.expected_source else ''}"
+                f" differs by {_pct(self.measured_runner_up_error)}")
+            return f"(measured on {self.measured_rows} tokens: {what}{other})"
         if self.distance is None:
             return "(SGLang's layer-id rule read from the config; nothing measured)"
         if self.observed_source == self.expected_source:
@@ -128,6 +137,10 @@ class SlotVerdict:
             trained = " (trained)" if self.alternative == self.expected_source else ""
             other = f"; {self.alternative}{trained} would be {_num(self.alternative_distance)}"
         return f"{near} (distance {_num(self.distance)}{other})"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2g} %"
 
 
 def _num(x: float) -> str:

@@ -378,18 +378,18 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
     if m.verdict == "ambiguous" and m.candidates:
         nearer = "" if m.best == m.expected else f" ({m.best} fits best, not decisively)"
         return Finding(
-            Code.SLOT_SOURCE_MISMATCH,
+            Code.SLOT_SOURCE_UNRESOLVED,
             Severity.WARNING,
             f"slot {m.index} carries {either}: this window cannot tell them apart{nearer}, so it cannot"
             f" confirm the trained {m.expected} nor exclude a layer shift",
-            fix="collect a longer window; the engine's layers_to_capture (recorded at startup with "
-            "HS_TRACER=1) or the acceptance against the profile's expectation decides",
+            fix="measure it: serve with HS_TRACER_IDENTITY_EVERY on, or run hs-tracer diagnose on a capture "
+            "with --target; a longer window may also decide",
             observed=UNKNOWN,
             **common,
         )
     if m.verdict == "ambiguous":
         return Finding(
-            Code.SLOT_SOURCE_MISMATCH,
+            Code.SLOT_SOURCE_UNRESOLVED,
             Severity.WARNING,
             f"slot {m.index} no longer fits its trained source {m.expected} (distance "
             f"{m.d_expected / level:.2g} match levels);"

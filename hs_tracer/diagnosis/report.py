@@ -21,10 +21,16 @@ class Report:
 
     @property
     def status(self) -> str:
-        codes = {f.code for f in self.findings if f.severity is Severity.CRITICAL}
+        """``miswired``: a critical wiring finding; ``acceptance``: acceptance collapsed while the
+        features are measurably the trained ones (the cause is downstream of them); ``drift``: other
+        critical findings or drifting features; ``warning``; ``ok``."""
+        critical = [f for f in self.findings if f.severity is Severity.CRITICAL]
+        codes = {f.code for f in critical}
         wiring = codes - set(NOT_WIRING)
         if wiring:
             return "miswired"
+        if codes == {Code.ACCEPTANCE_DROP} and all(f.details.get("features_match") is True for f in critical):
+            return "acceptance"
         if codes or any(f.code is Code.FEATURE_DRIFT for f in self.findings):
             return "drift"
         if any(f.severity is Severity.WARNING for f in self.findings):
@@ -102,8 +108,10 @@ class Report:
         for s in self.slots:
             mark = "" if s.expected_source == s.observed_source else (
                 "<-- ambiguous: " if s.expected_source in (s.candidates or ())
-                else "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
-            seen = "observed" if s.distance is not None else "fed     "
+                else "<-- mismatch: " if s.distance is not None or s.measured_rows is not None
+                else "<-- mismatch ")
+            seen = ("observed" if s.distance is not None else "measured" if s.measured_rows is not None
+                    else "fed     ")
             lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "
                          f"{s.observed_source:<10} {mark}{s.evidence()}")
         if self.acceptance:

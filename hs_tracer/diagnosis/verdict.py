@@ -1,22 +1,36 @@
-"""The live verdict: static findings, the window's slot findings and acceptance, judged together.
+"""The live verdict: static findings, the measured slot identity, the window's statistics and the
+acceptance, judged together under one rule of evidence.
 
-Why one place: severity must follow what is served, and live evidence outranks inference from the
-config. When the live slots match the profile, a config fault that only *could* change the wiring is
-a warning; when acceptance collapses, whether the features match decides what the collapse is
-blamed on (:mod:`hs_tracer.diagnosis.acceptance`, grouped by :mod:`hs_tracer.diagnosis.causes`).
-The online recorder calls :func:`live_report` whenever steps or a window arrive; it is cheap.
+Which evidence decides what a slot is fed, strongest first:
+
+1. **same-token identity** (:mod:`hs_tracer.diagnosis.same_token`): the slot's rows compared with every
+   candidate source computed on the same tokens, in the engine or by ``--target``. Exact up to the
+   dtype's rounding.
+2. **decisive statistics**: the window's slot statistics against the profile and its atlas, where the
+   matcher names one source (a match, or a mismatch that excludes the trained source).
+3. **accounts**: the engine's own record of what it feeds (its ``layers_to_capture`` read through
+   hs_tracer's layer-id rules at startup, a capture's manifest ``sources``) and the config checks.
+   They explain a finding and predict before serving, but never overrule 1 or 2: an account that
+   disagrees with a measurement is a finding of its own (``capture_record_mismatch``), whose fix
+   points at the engine's capture loop, not at the draft config.
+
+Where nothing measured decides, the slot reads as the sources the window cannot tell apart and the
+record is named as unconfirmed, never as proof. Severity follows what is served: a config fault
+whose served sources measurably equal the trained ones is a warning. The online recorder calls
+:func:`live_report` whenever steps, a window or a measurement arrive; it is cheap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings, bound
+from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
 from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.norm_flags import check_norm_flags
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.diagnosis.same_token import MeasuredSlot
 from hs_tracer.diagnosis.wiring import served_right
 from hs_tracer.profile.model import Profile
 from hs_tracer.sources import UNKNOWN
@@ -24,38 +38,23 @@ from hs_tracer.sources import UNKNOWN
 LIVE_MATCH = ("The live features match the training profile slot by slot, so this does not bite in what is "
               "served now; it bites on a target with another layer count or an engine release that reads the "
               "ids another way.")
-LAYERS_RIGHT = ("The engine captures the layers the draft was trained on (its layers_to_capture matches the "
-                "profile), so this is not a layer wiring fault: the rows' statistics differ from training's")
-LAYERS_RIGHT_FIX = ("no layer to rewire; if the acceptance, once judged, falls short of the profile's "
-                    "expectation, compare the live rows with the training rows (hs-tracer replay on a "
-                    "capture)")
-RECORD_DECIDES = ("The engine's own layers_to_capture matches the profile, so the slot carries its trained "
-                  "source")
+UNCONFIRMED = ("The engine's own record says slot {k} is fed {recorded}; nothing measured confirms it: serve "
+               "with HS_TRACER_IDENTITY_EVERY on, or run hs-tracer diagnose CAPTURE --target T, to measure "
+               "which layer the slot carries")
+CAPTURE_LOOP_FIX = ("the engine's capture loop does not feed what its layers_to_capture says (a model class "
+                    "that captures a layer's output where the rules take its input, or a per-model id rule "
+                    "that differs from hs_tracer's): fix or report the target's model class in the engine, "
+                    "or serve on a release whose loop captures as recorded; the draft config cannot fix this."
+                    " hs-tracer check shows the ids as the engine reads them")
 _WIRING_CODES = (Code.LAYER_IDS_IGNORED, Code.LAYER_ID_CONVENTION, Code.DRAFT_INPUT_WIDTH_MISMATCH,
-                 Code.SLOT_SOURCE_MISMATCH)
-
-
-def features_match(judged: Report | None, static: Sequence[Finding]) -> bool | None:
-    """True: every live slot is its trained source; False: a slot or the width is wrong (live, or a
-    critical static wiring finding when no window was judged yet); None: unknown."""
-    slots = judged.slots if judged is not None else []
-    live = list(judged.findings) if judged is not None else []
-    if any(f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in live):
-        return False
-    if slots and all(s.observed_source == s.expected_source for s in slots):
-        return True
-    if slots:
-        return None
-    if any(f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in static):
-        return False
-    return None
+                 Code.SLOT_SOURCE_MISMATCH, Code.CAPTURE_RECORD_MISMATCH)
+_SLOT_CODES = (Code.SLOT_SOURCE_MISMATCH, Code.SLOT_SOURCE_UNRESOLVED, Code.FEATURE_DRIFT)
 
 
 def recorded_wiring(recorded: Sequence[str] | None, profile: Profile | None) -> tuple[list[Finding], bool]:
     """The engine's own record of what it fed each slot (a capture's ``sources``, resolved from its
-    ``layers_to_capture``) against the profile's trained sources: one critical finding per slot fed
-    another source, and whether the record matches. Why: neighbouring layers of a real model under a
-    change of text domain can be beyond what window statistics separate; the record is exact."""
+    ``layers_to_capture``) against the profile's trained sources: one critical finding per slot the
+    record says is fed another source, and whether the record matches the profile."""
     if profile is None or not recorded or len(recorded) != profile.num_slots:
         return [], False
     findings = [Finding(
@@ -64,65 +63,151 @@ def recorded_wiring(recorded: Sequence[str] | None, profile: Profile | None) -> 
         f"manifest); the draft was trained on {want}",
         fix=f"make the engine feed {want} in slot {k}: check the draft config's "
         "eagle_aux_hidden_state_layer_ids and the engine's layer-id convention (hs-tracer check)",
-        slot=k, expected=want, observed=got, details={"recorded": list(recorded)})
+        slot=k, expected=want, observed=got, details={"recorded": list(recorded), "account": True})
         for k, (want, got) in enumerate(zip(profile.sources, recorded, strict=True)) if want != got]
     return findings, not findings
 
 
-def _settled(f: Finding, steps: int) -> str:
-    """A statistics mismatch the engine's record overrules, said as what it is."""
-    measured = f.message[f.message.find(" (distance"):] if " (distance" in f.message else ""
-    return (f"slot {f.slot}'s statistics sit nearer {f.observed} than its trained {f.expected}{measured}. "
-            f"{RECORD_DECIDES}, and the acceptance over {steps} verify steps shows the draft working")
-
-
-def _not_told_apart(slot: SlotVerdict) -> SlotVerdict:
-    """A slot whose statistics sit nearer a neighbour while the engine's record feeds its trained
-    source: what the window shows is that it cannot tell the two apart."""
-    if slot.observed_source in (slot.expected_source, UNKNOWN):
-        return slot
-    return replace(slot, observed_source=UNKNOWN, candidates=[slot.observed_source, slot.expected_source])
-
-
 def fed_by_record(static: Sequence[Finding]) -> dict[int, tuple[str, str]]:
     """Per slot, (trained, fed) from the critical static wiring findings that name the source the
-    engine really feeds it: its own layers_to_capture at startup, or a capture's record. Why: that
-    record is exact, window statistics are inference; a report names one source per slot."""
+    engine says it feeds: its own layers_to_capture at startup, or a capture's record."""
     return {f.slot: (f.expected, f.observed) for f in static
             if f.code in _WIRING_CODES and f.severity is Severity.CRITICAL and f.slot is not None
             and f.expected is not None and f.observed not in (None, UNKNOWN)}
 
 
-def _as_recorded(slot: SlotVerdict, fed: str) -> SlotVerdict:
-    """A slot the engine's record feeds ``fed``: named so, with what the window's statistics sat
-    nearest kept as the source to compare with (no distance: the record, not a measurement, decides)."""
-    if slot.observed_source == fed:
-        return slot
-    nearest = slot.observed_source if slot.observed_source != UNKNOWN else (slot.candidates or [None])[0]
-    return replace(slot, observed_source=fed, score=0.0, margin=None, distance=None, candidates=None,
-                   alternative=nearest,
-                   alternative_distance=slot.distance if nearest is not None else None)
+def records_of(static: Sequence[Finding], trained: Mapping[int, str],
+               engine_layers_checked: bool) -> dict[int, str]:
+    """Per slot, the source the engine's record says it feeds: where a static finding names another
+    source than trained, that one; every other slot its trained source when the record was compared
+    with the profile (``engine_layers_checked``)."""
+    out = {k: got for k, (_want, got) in fed_by_record(static).items()}
+    if engine_layers_checked:
+        for k, source in trained.items():
+            out.setdefault(k, source)
+    return out
 
 
-def slots_as_recorded(static: Sequence[Finding], slots: Sequence[SlotVerdict]) -> list[SlotVerdict]:
-    """The window's slot verdicts with each slot the engine's record decides named as fed: what the
-    report's slot table says, and so what the slot metrics say."""
-    recorded = fed_by_record(static)
-    return [_as_recorded(v, recorded[v.index][1]) if recorded.get(v.index, (None,))[0] == v.expected_source
-            else v for v in slots]
+@dataclass(frozen=True)
+class SlotEvidence:
+    """What decided one slot: ``observed`` the source named (``UNKNOWN`` when nothing decides),
+    ``by`` "measured", "statistics" or "" (undecided), ``recorded`` the engine's account, if any."""
+
+    observed: str
+    by: str
+    recorded: str | None
+    candidates: tuple[str, ...] = ()
 
 
-def _follows_record(f: Finding, fed: Mapping[int, tuple[str, str]]) -> Finding:
-    """A window finding on a slot the engine's record decides: kept where it names the recorded
-    source, else said as the statistics' reading the record overrules (the record's own critical
-    finding carries the slot)."""
-    if f.slot not in fed or f.code not in (Code.SLOT_SOURCE_MISMATCH, Code.FEATURE_DRIFT):
+def _decide(v: SlotVerdict, measured: MeasuredSlot | None, window: Finding | None,
+            recorded: str | None) -> SlotEvidence:
+    if measured is not None and measured.sources:
+        if measured.source is not None:
+            return SlotEvidence(measured.source, "measured", recorded)
+        if v.expected_source in measured.sources:  # sources of equal values: the trained one among them
+            return SlotEvidence(v.expected_source, "measured", recorded, measured.sources)
+        return SlotEvidence(UNKNOWN, "measured", recorded, measured.sources)
+    undecided = window is not None and window.code is Code.SLOT_SOURCE_UNRESOLVED
+    if v.observed_source != UNKNOWN and not undecided:
+        return SlotEvidence(v.observed_source, "statistics", recorded)
+    if v.observed_source == UNKNOWN and window is not None and window.severity is Severity.CRITICAL:
+        # the window excludes the trained source without naming one: decisive about the mismatch
+        return SlotEvidence(UNKNOWN, "statistics", recorded, tuple(v.candidates or ()))
+    return SlotEvidence(UNKNOWN, "", recorded, tuple(v.candidates or ()))
+
+
+def _measured_slot(v: SlotVerdict, m: MeasuredSlot, e: SlotEvidence) -> SlotVerdict:
+    """A slot named by same-token identity: the measurement's numbers replace the window's distances."""
+    return replace(v, observed_source=e.observed, score=1.0 if e.observed == v.expected_source else 0.0,
+                   margin=None, distance=None, alternative=m.runner_up, alternative_distance=None,
+                   candidates=list(e.candidates) or None, measured_error=m.error, measured_rows=m.rows,
+                   measured_runner_up_error=m.runner_up_error)
+
+
+def _measured_mismatch(m: MeasuredSlot, trained: str, record_wrong: bool) -> Finding:
+    fed = m.source or " or ".join(m.sources) or UNKNOWN
+    fix = (CAPTURE_LOOP_FIX if record_wrong else
+           f"make the engine feed {trained} in slot {m.index} (it feeds {fed}): check the draft config's "
+           "eagle_aux_hidden_state_layer_ids and the engine's layer-id convention (hs-tracer check)")
+    return Finding(
+        Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
+        f"slot {m.index} carries {fed}; the draft was trained on {trained} (measured on the same tokens: "
+        f"{m.describe()})", fix=fix, slot=m.index, expected=trained, observed=m.source or UNKNOWN,
+        details={"measured": m.to_json(), **({"cause": "capture_loop"} if record_wrong else {})})
+
+
+def _record_mismatch(k: int, e: SlotEvidence, trained: str, measured: MeasuredSlot | None,
+                     window: Finding | None) -> Finding:
+    """The engine's account of slot ``k`` against what its rows measurably are."""
+    if e.by == "measured" and measured is not None:
+        how = f"the rows it feeds: {measured.describe()}"
+    else:
+        shown = e.observed if e.observed != UNKNOWN else " or ".join(e.candidates) or "another source"
+        distance = "" if window is None or " (distance" not in window.message else \
+            window.message[window.message.find(" (distance"):]
+        how = f"the window's statistics show {shown}{distance}"
+    served_right_now = e.observed == trained
+    severity = Severity.WARNING if served_right_now and e.by == "measured" else Severity.CRITICAL
+    when = (" The draft is fed its trained source now; this bites when the record is trusted (a config "
+            "change that follows it, another engine release)." if severity is Severity.WARNING else "")
+    return Finding(
+        Code.CAPTURE_RECORD_MISMATCH, severity,
+        f"the engine records {e.recorded} for slot {k}; {how}: its capture is not what it records{when}",
+        fix=CAPTURE_LOOP_FIX, slot=k, expected=e.recorded, observed=e.observed,
+        details={"recorded": e.recorded, "evidence": e.by, "trained": trained, "cause": "capture_loop"})
+
+
+def _unconfirmed(f: Finding, recorded: str | None) -> Finding:
+    """An unresolved slot: the record, if any, is named as what it is — an account."""
+    if recorded is None:
         return f
-    _trained, got = fed[f.slot]
-    if f.observed == got:
-        return f
-    return replace(f, severity=Severity.INFO, fix="",
-                   message=f"{f.message}. The engine's own record feeds slot {f.slot} {got}, which decides")
+    return replace(f, message=f"{f.message}. {UNCONFIRMED.format(k=f.slot, recorded=recorded)}")
+
+
+def judge_slots(static: Sequence[Finding], judged: Report | None,
+                measured: Sequence[MeasuredSlot] | None, trained: Mapping[int, str],
+                engine_layers_checked: bool) -> tuple[list[SlotVerdict], list[Finding]]:
+    """The slot table and the slot findings under the rule of evidence (the module docstring): each
+    slot named by what measurably decides it, the window's findings kept where they agree with that,
+    a finding for every account that disagrees."""
+    by_slot = {m.index: m for m in measured or ()}
+    window = {f.slot: f for f in (judged.findings if judged is not None else []) if f.code in _SLOT_CODES}
+    rest = [f for f in (judged.findings if judged is not None else []) if f.code not in _SLOT_CODES]
+    records = records_of(static, trained, engine_layers_checked)
+    base = list(judged.slots) if judged is not None and judged.slots else [
+        SlotVerdict(k, t, UNKNOWN, 0.0) for k, t in trained.items() if k in by_slot]
+    slots, findings = [], list(rest)
+    for v in base:
+        k, want = v.index, v.expected_source
+        m, w = by_slot.get(k), window.get(k)
+        e = _decide(v, m, w, records.get(k))
+        record_wrong = e.recorded is not None and e.by != "" and (
+            e.recorded != e.observed if e.observed != UNKNOWN
+            else bool(e.candidates) and e.recorded not in e.candidates)
+        if e.by == "measured" and m is not None:
+            slots.append(_measured_slot(v, m, e))
+            if e.observed != want:
+                findings.append(_measured_mismatch(m, want, record_wrong and e.recorded == want))
+            elif w is not None and w.code is Code.FEATURE_DRIFT:
+                findings.append(w)
+        else:
+            slots.append(v)
+            if w is not None:
+                shifted = record_wrong and e.recorded == want and w.code is Code.SLOT_SOURCE_MISMATCH
+                loop = {**w.details, "cause": "capture_loop"}
+                findings.append(_unconfirmed(w, e.recorded) if e.by == "" else
+                                replace(w, fix=CAPTURE_LOOP_FIX, details=loop) if shifted else w)
+        if record_wrong:
+            findings.append(_record_mismatch(k, e, want, m, w))
+    return slots, findings
+
+
+def _account_superseded(f: Finding, slots: Mapping[int, SlotVerdict]) -> bool:
+    """A static finding that says what a slot is fed, where a measurement or decisive statistics
+    named the slot otherwise: the ``capture_record_mismatch`` finding carries the disagreement."""
+    s = slots.get(f.slot) if f.slot is not None else None
+    return (s is not None and f.code in _WIRING_CODES and f.observed not in (None, UNKNOWN)
+            and s.observed_source not in (UNKNOWN, f.observed))
 
 
 def live_report(
@@ -133,54 +218,21 @@ def live_report(
     draft_config: Mapping[str, Any] | None = None,
     thresholds: AcceptanceThresholds | None = None,
     engine_layers_checked: bool = False,
+    measured: Sequence[MeasuredSlot] | None = None,
 ) -> Report:
-    """The report of a running engine. ``judged``: the latest window's diagnosis (None before the
-    first window or without a profile)."""
-    findings = list(static)
+    """The report of a running engine or a capture. ``judged``: the latest window's diagnosis (None
+    before the first window or without a profile); ``measured``: same-token identity per slot, when
+    taken; ``engine_layers_checked``: the engine's record was compared with the profile's sources
+    (a static finding names every slot it says is fed another source)."""
+    trained = ({s.index: s.expected_source for s in judged.slots} if judged is not None and judged.slots
+               else dict(enumerate(profile.sources)) if profile is not None and "sources" in profile.meta
+               else {})
+    slots, slot_findings = judge_slots(static, judged, measured, trained, engine_layers_checked)
+    named = {s.index: s for s in slots}
+    findings = [f for f in static if not _account_superseded(f, named)]
     seen = {(f.code, f.slot) for f in findings}
-    recorded = fed_by_record(static)
-    if judged is not None:
-        # the engine's record of what each slot is fed decides before the window's statistics do
-        judged = replace(judged, slots=slots_as_recorded(static, judged.slots),
-                         findings=[_follows_record(f, recorded) for f in judged.findings])
-        findings += [f for f in judged.findings if (f.code, f.slot) not in seen]
-    if engine_layers_checked and profile is not None and judged is not None and not any(
-            f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in static):
-        th = thresholds or AcceptanceThresholds()
-        steps = acceptance.steps if acceptance is not None else 0
-        working = (acceptance is not None and steps >= th.min_steps
-                   and not bound(acceptance, profile.expected_acceptance, th).collapsed)
-        # The engine's own layers_to_capture already matched the profile's sources: a slot whose window
-        # statistics sit nearer another layer is not a layer wiring fault (rejected draft tokens' rows,
-        # other requests' rows, a prompt shift move the statistics). Once the acceptance is judged and
-        # did not collapse, the record decides (the slot reads as not told apart, trained source among
-        # the candidates); before that it stays evidence, as a warning with nothing to rewire.
-        overruled = {f.slot for f in findings
-                     if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.CRITICAL}
-        findings = [f if f.slot not in overruled or f.code is not Code.SLOT_SOURCE_MISMATCH
-                    else replace(f, severity=Severity.INFO, fix="", message=_settled(f, steps)) if working
-                    else replace(f, severity=Severity.WARNING, fix=LAYERS_RIGHT_FIX,
-                                 message=f"{f.message}. {LAYERS_RIGHT}")
-                    for f in findings]
-        if working:
-            judged = replace(judged, slots=[_not_told_apart(v) if v.index in overruled else v
-                                            for v in judged.slots])
-        # A window that cannot tell the trained source from a neighbour is decided by that record once
-        # the acceptance is judged (a collapse is then critical on its own): before that, nothing live
-        # shows speculation working, and the ambiguity stays a warning.
-        pending = (f"The engine's own layers_to_capture matches the profile; the acceptance is judged from "
-                   f"{th.min_steps} verify steps ({steps} so far)")
-        findings = [(replace(f, severity=Severity.INFO, fix="", message=f"{f.message}. {RECORD_DECIDES}")
-                     if steps >= th.min_steps else replace(f, message=f"{f.message}. {pending}"))
-                    if f.code is Code.SLOT_SOURCE_MISMATCH and f.severity is Severity.WARNING
-                    and f.expected in f.details.get("candidates", ()) else f for f in findings]
-        judged = replace(judged, findings=[f for f in judged.findings
-                                           if f.code is not Code.SLOT_SOURCE_MISMATCH])
-    match = features_match(judged, static)
-    checked = engine_layers_checked and profile is not None and judged is not None and bool(judged.slots)
-    if match is None and checked and not any(
-            f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in findings):
-        match = True
+    findings += [f for f in slot_findings if (f.code, f.slot) not in seen]
+    match = _features_match(slots, slot_findings, findings)
     if match is True:
         findings = served_right(findings, LIVE_MATCH)
     expected = profile.expected_acceptance if profile is not None else None
@@ -189,5 +241,19 @@ def live_report(
         findings += [f for f in check_norm_flags(draft_config, expected.draft_flags)
                      if f.details.get("flag") not in have]
     findings += acceptance_findings(acceptance, expected, features_match=match, th=thresholds)
-    return Report(slots=list(judged.slots) if judged is not None else [], acceptance=acceptance,
-                  findings=findings)
+    return Report(slots=slots, acceptance=acceptance, findings=findings)
+
+
+def _features_match(slots: Sequence[SlotVerdict], live: Sequence[Finding],
+                    findings: Sequence[Finding]) -> bool | None:
+    """True: every slot is named its trained source by a measurement or decisive statistics and no
+    account disagrees; False: a slot or the width is wrong (live, or a critical wiring finding when
+    nothing was judged yet); None: unknown."""
+    critical = [f for f in live if f.code in _WIRING_CODES and f.severity is Severity.CRITICAL]
+    if critical:
+        return False
+    if slots:
+        return True if all(s.observed_source == s.expected_source for s in slots) else None
+    if any(f.code in _WIRING_CODES and f.severity is Severity.CRITICAL for f in findings):
+        return False
+    return None

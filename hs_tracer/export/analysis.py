@@ -27,6 +27,7 @@ import numpy as np
 
 from hs_tracer.diagnosis.findings import Acceptance, Code, Finding
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.diagnosis.same_token import MeasuredSlot
 from hs_tracer.export.batch import step_digest
 from hs_tracer.export.digest_join import DigestJoin
 from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
@@ -167,6 +168,7 @@ class Analysis:
         self.nonfinite = 0  # non-finite values in the draft input, all steps so far
         self.profile: Profile | None = None
         self.judged: Report | None = None  # the latest diagnosis against the profile
+        self.measured: list[MeasuredSlot] | None = None  # the latest same-token identity of the slots
         self.report = Report(findings=list(setup.static_findings))
         self.health = Health()
         self._request_events = request_events
@@ -289,7 +291,7 @@ class Analysis:
         process runs, so more tokens only sharpen the verdict); the drift score is that of the
         windows closed since the previous diagnosis."""
         from hs_tracer.diagnosis.identity import diagnose_detailed
-        from hs_tracer.diagnosis.verdict import slots_as_recorded
+        from hs_tracer.diagnosis.verdict import judge_slots
 
         if self.profile is None or self.live is None:
             return
@@ -301,7 +303,8 @@ class Analysis:
         latest = detailed if window is self.live else diagnose_detailed(
             window, self.profile, nonfinite=0, width=width)
         drift = [m.drift_score for m in latest.matches]
-        slots = slots_as_recorded(self.setup.static_findings, judged.slots)  # as the report names them
+        slots, _ = judge_slots(self.setup.static_findings, judged, self.measured,  # as the report names them
+                               dict(enumerate(self.profile.sources)), engine_layers_checked=True)
         self._prom.record_slots(slots, drift)
         if self._otel is not None:
             self._otel.record_slots(slots)
@@ -316,7 +319,8 @@ class Analysis:
         s = self.setup
         # the static checks compared the engine's own layers_to_capture with the profile at startup
         report = live_report(s.static_findings, self.judged, self.acceptance.summary(), self.profile,
-                             s.draft_config, engine_layers_checked=self.profile is not None)
+                             s.draft_config, engine_layers_checked=self.profile is not None,
+                             measured=self.measured)
         static = {(f.code, f.slot) for f in s.static_findings}
         for f in report.findings:
             key = (f.code, f.slot, None if f.code is Code.ACCEPTANCE_DROP else f.observed)

@@ -148,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{c.window_tokens} tokens: same-source distance up to {c.t_match:.3g}, ambiguity ratio "
                 f"{c.rho:.2f}"
             )
-        print("\n".join(measurement.lines()) if measurement is not None else STATISTICAL)
+        if measurement is not None:
+            print(measurement.summary())
+        else:
+            print(STATISTICAL if args.target is None else
+                  f"not measured: the rows ({live.width} wide) do not split into slots of the profile's "
+                  f"hidden size {profile.hidden_size}; the width finding says why")
         print(report.human())
     return report.exit_code

@@ -49,13 +49,17 @@ class Measurement:
                 "tolerance": self.tolerance, "dtype": self.dtype, "target": self.target,
                 "left_out": dict(self.left_out)}
 
+    def summary(self) -> str:
+        """What was recomputed and compared, and what could not be, in one line."""
+        left = "".join(f"; left out: {n} request{'s' if n != 1 else ''} ({why})"
+                       for why, n in sorted(self.left_out.items()))
+        return (f"measured: {self.target} recomputed on {self.sequences} of the data's own sequences, "
+                f"{self.rows} rows of each slot compared with every source of the same tokens (tolerance "
+                f"{100 * self.tolerance:.2g} % for {self.dtype} rows){left}")
+
     def lines(self) -> list[str]:
-        """The measurement in words, one line per slot, after one line saying what was recomputed."""
-        head = (f"measured: the target ({self.target}) recomputed on {self.sequences} sequences of the "
-                f"dump's own tokens, {self.rows} rows compared with every source (tolerance "
-                f"{100 * self.tolerance:.2g} % for {self.dtype} rows)")
-        left = "".join(f"; left out: {n} requests ({why})" for why, n in sorted(self.left_out.items()))
-        return [head + left] + [f"  slot {m.index}: {m.describe()}" for m in self.slots]
+        """:meth:`summary`, then what each slot's rows equal."""
+        return [self.summary()] + [f"  slot {m.index}: {m.describe()}" for m in self.slots]
 
 
 def _dtype(name: str) -> torch.dtype:

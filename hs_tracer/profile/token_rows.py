@@ -28,7 +28,7 @@ DEFAULT_SEQUENCES = 8
 DEFAULT_TOKENS = 512
 NO_IDS = "no token ids stored"
 NO_POSITIONS = "no token positions stored"
-PREFIX_NOT_HELD = "prefix not in the capture (cached or an earlier chunk)"
+PREFIX_NOT_HELD = "its prefix is not in the capture: a cache hit or an earlier chunk"
 
 
 @dataclass

@@ -32,27 +32,28 @@ def test_acceptance_equals_vllms_counters(vllm_engines) -> None:
     assert per_pos == spec["num_accepted_tokens_per_pos"]
 
 
-def test_configured_draft_is_ok(vllm_engines) -> None:
+def test_configured_draft_is_served_as_trained(vllm_engines) -> None:
     """The layers vLLM resolved (its record) are the profile's sources, and the acceptance is judged
-    and healthy: ``ok``. A slot whose live statistics cannot tell its trained source from a neighbour
-    on this small target is settled by that record (an info finding), never a mismatch."""
+    and healthy: exit 0. A slot whose live statistics cannot tell its trained source from a
+    neighbour on this small target reads as not told apart, a warning that names the record as
+    unconfirmed (nothing measures it on vLLM): never a mismatch, never the record taken as proof."""
     from hs_tracer.diagnosis.acceptance import AcceptanceThresholds
-    from hs_tracer.diagnosis.verdict import RECORD_DECIDES
 
     run = vllm_engines["configured"]
     d = diagnosis(run)
     trained = ["block:0", "block:3", "block:6"]
     assert run["reports"][0]["wiring"]["sources"] == trained
-    assert d["status"] == "ok", d["findings"]
+    assert Report.from_json(d).exit_code == 0, d["findings"]
+    assert d["status"] in ("ok", "warning"), d["findings"]
     assert [s["expected_source"] for s in d["slots"]] == trained
     assert d["acceptance"]["steps"] >= AcceptanceThresholds().min_steps
-    settled = {f["slot"] for f in d["findings"] if f["code"] == "slot_source_mismatch"}
+    unresolved = {f["slot"]: f for f in d["findings"] if f["code"] == "slot_source_unresolved"}
     for s in d["slots"]:
         if s["observed_source"] != s["expected_source"]:  # ambiguous: the trained source among the candidates
             assert s["observed_source"] == "unknown" and s["expected_source"] in s["candidates"], s
-            assert s["index"] in settled, d["findings"]
-    assert all(f["severity"] == "info" and RECORD_DECIDES in f["message"] for f in d["findings"]
-               if f["code"] == "slot_source_mismatch"), d["findings"]
+            assert "nothing measured confirms it" in unresolved[s["index"]]["message"], d["findings"]
+    assert d["status"] == ("warning" if unresolved else "ok"), d["findings"]
+    assert not [f for f in d["findings"] if f["code"] == "slot_source_mismatch"], d["findings"]
 
 
 def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:

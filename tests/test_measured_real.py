@@ -115,11 +115,15 @@ def test_a_capture_recording_the_trained_wiring_over_other_rows_is_named_slot_by
         assert ((k, got) in critical) == (want != got), (k, critical)
 
 
-def test_without_target_the_report_says_it_is_statistical(real, capsys, tmp_path: Path) -> None:
+def test_without_target_the_deep_slots_one_layer_late_pass_as_statistics_and_say_so(real, capsys,
+                                                                                  tmp_path: Path) -> None:
+    """The gap the measurement closes: this profile (no atlas) and the training domain's statistics
+    read the deep slots one layer late as trained; the report says it only judged statistics."""
     from hs_tracer_testbed.rewired import write_capture
 
-    live = write_capture(tmp_path / "cap", real["states"][:2], TRAINED, TRAINED, real["target"].num_layers)
-    main(["diagnose", str(live), "--profile", str(real["profile"]), "--min-tokens", "64"])
+    fed = SHIFTS["deep_slots_one_layer_late"]
+    live = write_capture(tmp_path / "cap", real["states"], fed, TRAINED, real["target"].num_layers)
+    assert main(["diagnose", str(live), "--profile", str(real["profile"])]) == 0
     assert "statistical: pass --target to measure which layer each slot carries" in capsys.readouterr().out
 
 

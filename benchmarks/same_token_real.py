@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 from datetime import date
 from pathlib import Path
 
 import torch
+from provenance import source_state
 
 from hs_tracer.diagnosis.same_token import relative_errors, tolerance_for
 from hs_tracer.profile.target_forward import load_target
@@ -73,10 +73,9 @@ def main() -> None:
                             "nearest_other": other[1], "nearest_other_error": round(other[0], 3)}
         out["domains"][domain] = {"tokens": int(cands[EMBEDDING].shape[0]), "sources": rows}
         print(domain, json.dumps(rows))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    out.update({"date": date.today().isoformat(), "commit": commit, "machine": platform.machine(),
-                "model": "SmolLM2-135M-Instruct (hs_tracer_testbed.smollm)"})
+    out.update({"date": date.today().isoformat(), "machine": platform.machine(),
+                "model": "SmolLM2-135M-Instruct (hs_tracer_testbed.smollm)",
+                "source": source_state(Path(__file__).resolve().parents[1])})  # the commit measured
     RESULTS.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
 
 

@@ -305,6 +305,11 @@ def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[in
     owner = {f: d for d in dumps for f in d.reader.files()}
     sample = token_rows.sample(list(owner), lambda f: owner[f].records(f), sequences=args.measure_sequences,
                                tokens=args.measure_tokens, skip_first=skip_first)
+    if not sample.sequences:
+        why = ", ".join(f"{n} left out: {reason}" for reason, n in sorted(sample.left_out.items()))
+        print(f"sources not measured: no whole sequence with its token ids in the dump ({why})",
+              file=sys.stderr)
+        return None
     return measure(load_target(args.target), sample, dumps[0].layout.dtype,
                    progress=False if args.no_progress else None)
 

@@ -51,8 +51,7 @@ class Measurement:
 
     def summary(self) -> str:
         """What was recomputed and compared, and what could not be, in one line."""
-        left = "".join(f"; left out: {n} request{'s' if n != 1 else ''} ({why})"
-                       for why, n in sorted(self.left_out.items()))
+        left = "".join(f"; {n} left out ({why})" for why, n in sorted(self.left_out.items()))
         return (f"measured: {self.target} recomputed on {self.sequences} of the data's own sequences, "
                 f"{self.rows} rows of each slot compared with every source of the same tokens (tolerance "
                 f"{100 * self.tolerance:.2g} % for {self.dtype} rows){left}")
@@ -71,14 +70,13 @@ def measure(target: Target, sample: Sample, dtype: str, *, progress: bool | None
     """Recompute ``target`` on every sequence of ``sample`` and identify each slot from the rows of all
     of them together. Rows of another width than the target's hidden size are an input error."""
     if not sample.sequences:
-        reasons = ", ".join(f"{n} requests: {why}" for why, n in sorted(sample.left_out.items())) or "no rows"
+        reasons = ", ".join(f"{n} left out: {why}" for why, n in sorted(sample.left_out.items())) or "no rows"
         raise InputError("--target", f"no whole sequence in the dump to recompute ({reasons})",
                          "capture requests from their first token (a prefix cache hit is not recomputable)")
     hidden = int(sample.sequences[0].rows.shape[-1])
-    width = int(target.decoder.norm.weight.shape[-1])
-    if hidden != width:
-        raise InputError(f"--target {target.path}", f"hidden size {width}, the dump's slots are {hidden} "
-                         "wide", "pass the target the dump was produced with")
+    if hidden != target.hidden_size:
+        raise InputError(f"--target {target.path}", f"hidden size {target.hidden_size}, the dump's slots are "
+                         f"{hidden} wide", "pass the target the dump was produced with")
     bar = BuildProgress(sample.rows, "recompute target", progress, unit="tok")
     slot_rows, cands = [], {name: [] for name in target.sources}
     for seq in sample.sequences:

@@ -44,7 +44,8 @@ class TokenRows:
 @dataclass
 class Sample:
     sequences: list[TokenRows] = field(default_factory=list)
-    left_out: Counter[str] = field(default_factory=Counter)  # why rows were not compared -> requests
+    left_out: Counter[str] = field(default_factory=Counter)  # why rows were not compared -> how many
+    # requests (captures) or records (training dumps) it left out
 
     @property
     def rows(self) -> int:
@@ -91,7 +92,8 @@ def sequences_of(rec: Record, skip_first: int) -> tuple[list[TokenRows], Counter
 def _order(files: Sequence[Path], sequences: int) -> list[Path]:
     step = max(len(files) // max(sequences, 1), 1)
     spread = list(files[::step][:sequences])
-    return spread + [f for f in files if f not in set(spread)]
+    taken = set(spread)
+    return spread + [f for f in files if f not in taken]
 
 
 def sample(files: Sequence[Path], records: Callable[[Path], Iterable[Record]], *,

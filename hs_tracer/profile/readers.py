@@ -70,6 +70,16 @@ class Layout:
     manifest: capture_format.CaptureManifest | None = None
 
 
+def _token_ids(value: object, rows: int) -> np.ndarray | None:
+    """A dump's token ids as int64, or None when it kept none or not one per row (then nothing can be
+    recomputed on them, and nothing else reads them)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.numel() != rows:
+        return None
+    return value.reshape(-1).long().numpy()
+
+
 def _torch_dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 
@@ -160,13 +170,12 @@ class SpecForgeReader(Reader):
         extras = {}
         if "hidden_state" in data:  # SpecForge keeps the post-final-norm state (the LM head input)
             extras["final_norm"] = self._squeeze(data["hidden_state"]).reshape(t, -1)
-        ids = data.get("input_ids")
         yield Record(
             key=f"{self.rel(file)}:0",
             slots=aux.reshape(t, num_slots, hidden),
             positions=np.arange(t),
             extras=extras,
-            input_ids=None if ids is None else ids.reshape(-1).long().numpy(),
+            input_ids=_token_ids(data.get("input_ids"), t),
         )
 
 
@@ -190,14 +199,14 @@ class SpeculatorsReader(Reader):
                 keys = set(f.keys())
                 hs = f.get_tensor("hidden_states")
                 final = f.get_tensor("final_norm") if "final_norm" in keys else None
-                ids = f.get_tensor("token_ids").reshape(-1).long().numpy() if "token_ids" in keys else None
+                ids = f.get_tensor("token_ids") if "token_ids" in keys else None
         except Exception as exc:
             raise LayoutError(
                 f"{file}: not a speculators hidden-state file with 'hidden_states' ({exc})"
             ) from exc
         if hs.dim() != 3:
             raise LayoutError(f"{file}: hidden_states must be [T, L, H], got {tuple(hs.shape)}")
-        return hs, final, ids
+        return hs, final, _token_ids(ids, hs.shape[0])
 
     def layout(self) -> Layout:
         hs, final, _ids = self.load(self._files[0])

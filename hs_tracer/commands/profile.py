@@ -277,7 +277,8 @@ def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[in
                     skip_first: int) -> Measurement | None:
     """Recompute the target on a sample of the dumped sequences (every dump's sorted files, the same
     sample on every machine) and measure each slot's source. None, with one line saying why, where
-    nothing is measured: no --target weights, --measure-sequences 0, or a shard other than 0."""
+    nothing is measured: no --target weights, --measure-sequences 0, a shard other than 0, a target
+    too large for memory or one transformers cannot load, or a dump without whole sequences."""
     import sys
 
     from hs_tracer.diagnosis.recompute import measure
@@ -310,8 +311,12 @@ def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[in
         print(f"sources not measured: no whole sequence with its token ids in the dump ({why})",
               file=sys.stderr)
         return None
-    return measure(load_target(args.target), sample, dumps[0].layout.dtype,
-                   progress=False if args.no_progress else None)
+    try:
+        target = load_target(args.target)
+    except InputError as exc:  # an architecture transformers cannot run: the config still gives the depth
+        print(f"sources not measured: {exc}", file=sys.stderr)
+        return None
+    return measure(target, sample, dumps[0].layout.dtype, progress=False if args.no_progress else None)
 
 
 def record_measurement(profile: Profile, measurement: Measurement) -> list[Finding]:

@@ -98,3 +98,19 @@ def test_rows_of_another_width_than_the_target_are_an_input_error(tiny: Path) ->
     wide = Sample([TokenRows("s", np.arange(4), torch.zeros(3, 1, 48), np.arange(1, 4))])
     with pytest.raises(InputError, match="hidden size 32"):
         measure(target, wide, "bfloat16", progress=False)
+
+
+def test_token_ids_beyond_the_vocabulary_are_an_input_error(tiny: Path) -> None:
+    target = load_target(tiny)
+    other = Sample([TokenRows("s", np.array([1, 2, 100, 3]), torch.zeros(3, 1, 32), np.arange(1, 4))])
+    with pytest.raises(InputError, match="token id 100, beyond its vocabulary of 64"):
+        measure(target, other, "bfloat16", progress=False)
+
+
+def test_non_finite_rows_are_left_out_of_the_comparison(tiny: Path) -> None:
+    target = load_target(tiny)
+    fed = ["block:1", "block:3"]
+    s = _fed(target, [list(range(5, 25))], fed)
+    s.sequences[0].rows[4, 1, 7] = float("nan")
+    m = measure(target, s, "bfloat16", progress=False)
+    assert m.sources == fed and [x.rows for x in m.slots] == [18, 18]

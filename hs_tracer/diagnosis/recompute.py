@@ -77,6 +77,10 @@ def measure(target: Target, sample: Sample, dtype: str, *, progress: bool | None
     if hidden != target.hidden_size:
         raise InputError(f"--target {target.path}", f"hidden size {target.hidden_size}, the dump's slots are "
                          f"{hidden} wide", "pass the target the dump was produced with")
+    top = max(int(seq.input_ids.max()) for seq in sample.sequences)
+    if top >= target.vocab_size:
+        raise InputError(f"--target {target.path}", f"the dump holds token id {top}, beyond its "
+                         f"vocabulary of {target.vocab_size}", "pass the target the dump was produced with")
     bar = BuildProgress(sample.rows, "recompute target", progress, unit="tok")
     slot_rows, cands = [], {name: [] for name in target.sources}
     for seq in sample.sequences:
@@ -87,7 +91,9 @@ def measure(target: Target, sample: Sample, dtype: str, *, progress: bool | None
         bar.update(len(seq.positions), len(seq.positions))
     bar.close()
     tol = tolerance_for(_dtype(dtype), torch.float32)
-    slots = identify(torch.cat(slot_rows), {k: torch.cat(v) for k, v in cands.items()}, tol)
+    x = torch.cat(slot_rows)
+    finite = torch.isfinite(x).all(dim=2).all(dim=1)  # non-finite rows: a finding of their own, no distance
+    slots = identify(x[finite], {k: torch.cat(v)[finite] for k, v in cands.items()}, tol)
     return Measurement(slots, len(sample.sequences), sample.rows, tol, str(dtype), str(target.path),
                        dict(sample.left_out))
 

@@ -52,6 +52,10 @@ class Target:
         return int(self.model.get_input_embeddings().weight.shape[-1])
 
     @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    @property
     def sources(self) -> list[str]:
         """Every candidate source this target computes, shallowest first."""
         return all_sources(self.num_layers)

@@ -127,11 +127,13 @@ def test_without_target_the_deep_slots_one_layer_late_pass_as_statistics_and_say
     assert "statistical: pass --target to measure which layer each slot carries" in capsys.readouterr().out
 
 
-def test_a_specforge_dump_is_measured_on_its_input_ids(real, capsys, tmp_path: Path) -> None:
-    from hs_tracer_testbed.rewired import write_specforge_dump
+@pytest.mark.parametrize("layout", ["specforge", "speculators"])
+def test_a_training_dump_is_measured_on_its_token_ids(real, capsys, tmp_path: Path, layout: str) -> None:
+    from hs_tracer_testbed import rewired
 
     fed = SHIFTS["embedding_first"]
-    dump = write_specforge_dump(tmp_path / "sf", real["states"], fed)
+    write = rewired.write_specforge_dump if layout == "specforge" else rewired.write_speculators_dump
+    dump = write(tmp_path / layout, real["states"], fed)
     code, doc = _diagnose(capsys, dump, real, "--target", str(real["target_dir"]), *MEASURE)
     assert code == 1
     assert [s["sources"] for s in doc["measured"]["slots"]] == [[s] for s in fed]

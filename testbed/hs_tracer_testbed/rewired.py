@@ -21,7 +21,7 @@ import torch
 
 from hs_tracer.profile.capture_format import CaptureManifest, CaptureWriter
 from hs_tracer.sources import EMBEDDING, Source
-from hs_tracer_testbed.dumps import LayerStates, layer_states, write_specforge
+from hs_tracer_testbed.dumps import LayerStates, layer_states, write_specforge, write_speculators
 
 
 def states_of(model: Any, sequences: Sequence[Sequence[int]]) -> list[LayerStates]:
@@ -66,4 +66,13 @@ def write_specforge_dump(out: Path, states: Sequence[LayerStates], fed: Sequence
         mask = torch.ones(len(st.input_ids), dtype=torch.long)
         mask[0] = 0
         write_specforge(out, i, st, [c_out(s) for s in fed], mask)
+    return out
+
+
+def write_speculators_dump(out: Path, states: Sequence[LayerStates], fed: Sequence[str]) -> Path:
+    """A speculators dump whose first layers hold ``fed``'s rows, then the last block's output (the
+    verifier layer speculators stores after the draft's)."""
+    n = int(states[0].layers.shape[0]) - 1
+    for i, st in enumerate(states):
+        write_speculators(out, i, st, [c_out(s) + 1 for s in fed] + [n])  # C_in ids
     return out

@@ -312,11 +312,11 @@ def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[in
               file=sys.stderr)
         return None
     try:
-        target = load_target(args.target)
-    except InputError as exc:  # an architecture transformers cannot run: the config still gives the depth
+        return measure(load_target(args.target), sample, dumps[0].layout.dtype,
+                       progress=False if args.no_progress else None)
+    except InputError as exc:  # e.g. an architecture transformers cannot run; the config gives the depth
         print(f"sources not measured: {exc}", file=sys.stderr)
         return None
-    return measure(target, sample, dumps[0].layout.dtype, progress=False if args.no_progress else None)
 
 
 def record_measurement(profile: Profile, measurement: Measurement) -> list[Finding]:

@@ -50,3 +50,17 @@ def test_toy_dump_described_with_ids_one_block_late_is_a_training_record_mismatc
     for k, (got, said) in enumerate(zip(TRAINED, ["block:2", "block:4", "block:5"], strict=True)):
         assert f"training_record_mismatch: slot {k} holds {got}, not {said}" in text, text
     assert Profile.load(out).sources == TRAINED
+
+
+def test_a_config_only_target_builds_as_before_and_says_it_measured_nothing(testbed, capsys,
+                                                                             tmp_path: Path) -> None:
+    config_only = tmp_path / "target"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((testbed.target / "config.json").read_text())
+    out = tmp_path / "p.safetensors"
+    code = main(["profile", "build", str(testbed.specforge_data), "-o", str(out), "--draft",
+                 str(testbed.draft), "--target", str(config_only), "--shard", "0/16", "--no-progress"])
+    assert code == 0
+    assert "sources not measured: --target" in capsys.readouterr().err
+    meta = Profile.load(out).meta
+    assert "source_measurement" not in meta and meta["sources"] == TRAINED

@@ -109,11 +109,14 @@ def run(args: argparse.Namespace) -> int:
     from hs_tracer.diagnosis.live import read_live
     from hs_tracer.diagnosis.recompute import STATISTICAL
     from hs_tracer.inputs.capture import check_live
+    from hs_tracer.inputs.model_config import check_target
     from hs_tracer.inputs.profile import load_profile
 
     thresholds = thresholds_from(args)
     profile = load_profile(args.profile)
     check_live(args.live, profile, args.profile)
+    if args.target is not None:
+        check_target(args.target)
     skip_first = int(profile.meta.get("skip_first_positions", 1))
     live = read_live(args.live, profile.hidden_size, skip_first)
     measurement = measure_live(args, profile.hidden_size, skip_first)

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import platform
 import re
 import shutil
@@ -69,7 +70,7 @@ TREE = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
 FP32 = ("--dtype", "float32")
 # prod: per batch size, alternating off/on pairs (at most; fewer if the deadline nears) and new
 # tokens per request; a decode step at batch 128 is ~9x one at batch 1, so it gets fewer tokens
-PROD_PLAN = {1: (16, 256), 8: (12, 256), 32: (8, 256), 128: (5, 128)}
+PROD_PLAN = {1: (16, 256), 8: (12, 256), 32: (8, 256), 128: (8, 128)}
 PROD_WARMUP = 2  # untimed runs per server and batch size, discarded
 PROD_MIN_PAIRS = 3
 # decode step time (s) per batch size at DeepSeek-V3 width on one H200 (the first run here): only to
@@ -195,21 +196,58 @@ def scrape(port: int) -> str:
         return f"# scrape failed: {exc}"
 
 
-def settled_scrape(port: int, settle_s: float = 1.5, max_wait_s: float = 15.0) -> str:
-    """``/metrics`` once hs_tracer's step counter has stopped moving: two reads ``settle_s`` apart
-    with the same count, longer than the recorder's 0.5 s hand-off and the export process's 0.5 s
-    refresh after it together (0.7 s was not: one run counted 741 steps of SGLang's 765 at batch 32).
-    A single read a fixed time after a run could miss its last hand-off, or count the warm-up's in
-    the next batch size."""
+def settled_scrape(port: int, settle_s: float = 1.5, max_wait_s: float = 15.0,
+                   drafts: float | None = None) -> str:
+    """``/metrics`` once hs_tracer's counters have caught up. With ``drafts`` (the request-steps
+    SGLang itself counted, as ``hs_tracer_drafts_total`` should read): once they read that many.
+    Otherwise, or after ``max_wait_s``, once the step counter has stopped moving: two reads
+    ``settle_s`` apart with the same count. Stillness alone is not proof: a run's last steps reach
+    the counter up to the recorder's 0.5 s hand-off plus the export process's 0.5 s flush and its
+    idle flusher's 0.5 s period later, about as long as ``settle_s``, so an early read can miss the
+    last hand-off (0.7 s did: 741 steps of SGLang's 765 at batch 32)."""
     text = scrape(port)
     end = time.monotonic() + max_wait_s
     while time.monotonic() < end:
-        time.sleep(settle_s)
+        if drafts is not None and counter(text, "hs_tracer_drafts") >= drafts:
+            return text
+        time.sleep(settle_s if drafts is None else 0.25)
         again = scrape(port)
-        if counter(again, "hs_tracer_verify_steps") == counter(text, "hs_tracer_verify_steps"):
+        steps = "hs_tracer_verify_steps"
+        if drafts is None and counter(again, steps) == counter(text, steps):
             return again
         text = again
     return text
+
+
+def gauge(text: str, name: str) -> float | None:
+    """One gauge's value in Prometheus text format (the largest over label sets), None if absent."""
+    values = [float(m.group(2)) for m in re.finditer(rf"^{name}(\{{[^}}]*\}})?\s+(\S+)$", text, re.M)]
+    return max(values) if values else None
+
+
+def self_measured(hook_s: float, thread_cpu_s: float, steps: float,
+                  kernel_gpu_s: float | None) -> dict[str, Any]:
+    """hs_tracer's own cost per verify step, µs, from its metrics' deltas over a run: the hooks'
+    host time, the recorder thread's CPU time (both in the scheduler process), the kernel's GPU time
+    (a per-step constant timed at warm-up; None on the CPU), and their total."""
+    if not steps:
+        return {"hook_us": None, "thread_cpu_us": None, "kernel_gpu_us": None, "total_us": None}
+    hook, thread = 1e6 * hook_s / steps, 1e6 * thread_cpu_s / steps
+    kernel = None if kernel_gpu_s is None else 1e6 * kernel_gpu_s
+    return {"hook_us": round(hook, 3), "thread_cpu_us": round(thread, 3),
+            "kernel_gpu_us": None if kernel is None else round(kernel, 3),
+            "total_us": round(hook + thread + (kernel or 0.0), 3)}
+
+
+def wall_diff_us_per_step(off_s: list[float], on_s: list[float], steps_per_run: float) -> dict[str, Any]:
+    """What tracing added to the wall time of a decode step, µs: per pair (on wall - off wall) /
+    decode steps per run; median and quartiles over pairs. The figure the self-measured total must
+    explain."""
+    if not steps_per_run or not off_s:
+        return {"median_us": None, "iqr_us": None}
+    diffs = sorted(1e6 * (on - off) / steps_per_run for off, on in zip(off_s, on_s, strict=True))
+    return {"median_us": round(median(diffs), 3),
+            "iqr_us": [round(_quantile(diffs, 0.25), 3), round(_quantile(diffs, 0.75), 3)]}
 
 
 def histogram(text: str, name: str) -> dict[str, float]:
@@ -500,6 +538,9 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         return out
     rng = random.Random(0)
     metrics_port = METRICS_BASE_PORT + 1000
+    # hs_tracer_drafts_total must read this many: its value before the first run, plus SGLang's
+    # request-steps on the traced server since (warm-ups included)
+    drafts_on = counter(settled_scrape(metrics_port), "hs_tracer_drafts")
     step_s = dict(STEP_S_GUESS)
     results = []
     for n, bs in enumerate(PROD_PLAN):
@@ -511,8 +552,10 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         for _ in range(PROD_WARMUP):
             for s in (off, on):
                 t0 = time.perf_counter()
-                generate(s, payload)
+                res = generate(s, payload)
                 warm.append(time.perf_counter() - t0)
+                if s is on:
+                    drafts_on += sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in res)
         step_s[bs] = median(warm) / new_tokens
         time.sleep(1.0)  # hs_tracer's counters are flushed every 0.5 s: the warm-up's steps land first
         # the time left, shared over this and the remaining batch sizes by their planned cost
@@ -521,24 +564,36 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         mine = left * cost[bs] / sum(cost.values()) if left != float("inf") else float("inf")
         pairs = max_pairs if mine == float("inf") else int(mine / (2 * median(warm)))
         pairs = max(PROD_MIN_PAIRS, min(max_pairs, pairs))
-        before_text = settled_scrape(metrics_port)
+        before_text = settled_scrape(metrics_port, drafts=drafts_on)
         before = histogram(before_text, "hs_tracer_host_overhead_seconds")
         steps_before = counter(before_text, "hs_tracer_verify_steps")
+        drafts_before = counter(before_text, "hs_tracer_drafts")
+        cpu_before = counter(before_text, "hs_tracer_thread_cpu_seconds")
         times: dict[str, list[float]] = {"off": [], "on": []}
         verify: dict[str, int] = {"off": 0, "on": 0}
+        request_steps = 0  # SGLang's per-request verify counts of the traced runs, summed
         for pair in range(pairs):
             order = ((off, "off"), (on, "on")) if pair % 2 == 0 else ((on, "on"), (off, "off"))
             for s, label in order:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
                 times[label].append(time.perf_counter() - t0)
-                # SGLang's verify steps of the batch: every request takes part in every step
-                verify[label] += max(int(o["meta_info"].get("spec_verify_ct") or 0) for o in res)
-        text = settled_scrape(metrics_port)
+                # SGLang's verify steps of the batch: its longest request's count (a lower bound of
+                # the batch's distinct steps, equal when every request is prefilled in one batch)
+                counts = [int(o["meta_info"].get("spec_verify_ct") or 0) for o in res]
+                verify[label] += max(counts)
+                if label == "on":
+                    request_steps += sum(counts)  # what hs_tracer_drafts_total must add, exactly
+                    drafts_on += sum(counts)
+        text = settled_scrape(metrics_port, drafts=drafts_on)
         after = histogram(text, "hs_tracer_host_overhead_seconds")
         dh = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         ratios = sorted(a / b for a, b in zip(times["off"], times["on"], strict=True))
         tokens = bs * new_tokens
+        hs_steps = counter(text, "hs_tracer_verify_steps") - steps_before
+        own = self_measured(dh.get("sum", 0.0), counter(text, "hs_tracer_thread_cpu_seconds") - cpu_before,
+                            hs_steps, gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds"))
+        wall = wall_diff_us_per_step(times["off"], times["on"], verify["on"] / pairs)
         results.append({
             "batch_size": bs, "new_tokens_per_request": new_tokens, "prompt_tokens": prompt_len,
             "pairs": pairs, "warmup_wall_s": [round(x, 4) for x in warm],
@@ -552,13 +607,20 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
             "on_over_off_iqr": [round(_quantile(ratios, 0.25), 4), round(_quantile(ratios, 0.75), 4)],
             "decode_step_ms_off": round(1e3 * median(times["off"]) * pairs / max(verify["off"], 1), 3),
             "sglang_verify_steps": verify,
-            "hs_tracer_verify_steps": counter(text, "hs_tracer_verify_steps") - steps_before,
+            "hs_tracer_verify_steps": hs_steps,
+            # request-steps: both count each (request, verify step) SGLang committed, so they must agree
+            "sglang_request_steps": request_steps,
+            "hs_tracer_request_steps": counter(text, "hs_tracer_drafts") - drafts_before,
             "host_overhead_histogram_delta": dh,
             "host_overhead_mean_us": (1e6 * dh["sum"] / dh["count"]) if dh.get("count") else None,
+            # hs_tracer's self-measured cost per step (hooks + recorder thread CPU + kernel GPU), and
+            # the on/off wall-time difference per step it should explain
+            "self_measured_us_per_step": own,
+            "on_minus_off_wall_us_per_step": wall,
         })
         print(f"[prod] bs {bs}: {pairs} pairs, on/off median {results[-1]['on_over_off']:.4f} "
-              f"[{ratios[0]:.4f}, {ratios[-1]:.4f}], host {results[-1]['host_overhead_mean_us']} us/step",
-              flush=True)
+              f"[{ratios[0]:.4f}, {ratios[-1]:.4f}], host {results[-1]['host_overhead_mean_us']} us/step, "
+              f"self-measured {own['total_us']} us/step, on-off wall {wall['median_us']} us/step", flush=True)
         if progress is not None:
             progress({**out, "throughput": results})
     out["throughput"] = results
@@ -696,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="testbed engines with SGLang's --enable-deterministic-inference (and untraced "
                          "float32 twins): tracing on/off and EAGLE/plain must be identical in every round")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the testbed prompts per engine")
+    ap.add_argument("--identity-every", type=int, default=None,
+                    help="HS_TRACER_IDENTITY_EVERY of every traced server (same-token layer identity on 1 "
+                         "in N prefill forwards; 0 off); default: the environment's, else hs_tracer's")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     if args.target is not None and (args.draft is None or args.profile is None):
@@ -717,6 +782,13 @@ def main(argv: list[str] | None = None) -> int:
     models = write_models(work / "prodwidth")
     plan = {"testbed": testbed_servers(target, draft, shifted, profile, args.tp, args.deterministic),
             "prod": prod_servers(models, args.tp), "radix": radix_servers(target) if args.tp == 1 else []}
+    identity = (str(args.identity_every) if args.identity_every is not None
+                else os.environ.get("HS_TRACER_IDENTITY_EVERY"))
+    if identity is not None:  # passed to every traced server, so throughput is measured with it
+        for servers in plan.values():
+            for s in servers:
+                if s.traced:
+                    s.env = {**s.env, "HS_TRACER_IDENTITY_EVERY": identity}
     if args.servers:
         keep = set(args.servers.split(","))
         plan = {part: [s for s in servers if s.name in keep] for part, servers in plan.items()}
@@ -742,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": "real SGLang 0.5.23 EAGLE-3 servers with hs_tracer inside, hs_tracer GPU testbed runtime",
         "date": today, "source": source_state(ROOT), "sglang": SGLANG_VERSION, "tp": args.tp,
         "deterministic_inference": args.deterministic, "rounds": args.rounds,
+        "identity_every": identity if identity is not None else "hs_tracer's default",
         "cuda_graphs": "on (SGLang default: target verify, draft decode, draft extend)",
         "overlap_scheduler": "on (SGLang default, spec v2)",
         "radix_cache": "on (SGLang's Python TreeCore)",
@@ -754,7 +827,12 @@ def main(argv: list[str] | None = None) -> int:
                    "off/on pairs (order flipped every pair), on/off = median over pairs of the pair's "
                    "off wall / on wall, spread = min/max and quartiles over pairs; tokens/s = batch * new "
                    "tokens / median wall (prefill of 64 prompt tokens included); hs_tracer host time per "
-                   "step = its own histogram (observed every verify step) over the timed runs"),
+                   "step = its own histogram (observed every verify step) over the timed runs; "
+                   "self-measured cost per step = that + hs_tracer_thread_cpu_seconds_total's increase "
+                   "over its verify steps + hs_tracer_fingerprint_kernel_gpu_seconds; on - off wall per "
+                   "step = per pair (on wall - off wall) / SGLang's verify steps per run, median over "
+                   "pairs; counters read once hs_tracer_drafts_total has reached SGLang's summed "
+                   "per-request spec_verify_ct"),
     }
     # All engines start at once (startup dominates); parts are then measured one after the other, each
     # part's engines stopped before the next part's workload, so prod throughput runs on a quiet GPU.
@@ -902,6 +980,24 @@ def markdown(r: dict[str, Any]) -> str:
                          f"{t['host_overhead_histogram_delta'].get('count')} / "
                          f"{t['hs_tracer_verify_steps']} / "
                          f"{t['sglang_verify_steps']['on']} |")
+        rows = [t for t in pr.get("throughput") or [] if "self_measured_us_per_step" in t]
+        if rows:
+            lines += ["", "hs_tracer's self-measured cost per verify step (its metrics over the timed runs: "
+                      "hooks' host time + recorder thread CPU in the scheduler process + fingerprint "
+                      "kernel GPU time, timed at warm-up) next to what tracing added to the wall time of "
+                      "a decode step (per pair (on - off) / SGLang's steps per run; median, quartiles); "
+                      "request-steps: SGLang's summed per-request verify counts and hs_tracer's "
+                      "`hs_tracer_drafts_total`, which must be equal:", "",
+                      "| batch | hook us | thread CPU us | kernel GPU us | self-measured total us | "
+                      "on - off wall us (median) | quartiles | request-steps SGLang / hs_tracer |",
+                      "|---" * 8 + "|"]
+            for t in rows:
+                own, wall = t["self_measured_us_per_step"], t["on_minus_off_wall_us_per_step"]
+                lines.append(f"| {t['batch_size']} | {_f(own['hook_us'])} | {_f(own['thread_cpu_us'])} | "
+                             f"{_f(own['kernel_gpu_us'])} | {_f(own['total_us'])} | "
+                             f"{_f(wall['median_us'])} | {wall['iqr_us']} | "
+                             f"{t.get('sglang_request_steps')} / "
+                             f"{_f(t.get('hs_tracer_request_steps'))} |")
         lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
         lines += _breakdown_lines(pr.get("host_breakdown") or {})
         if pr.get("error"):

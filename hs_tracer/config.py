@@ -35,6 +35,7 @@ class TracerConfig:
     log_level: str = "INFO"  # HS_TRACER_LOG_LEVEL
     export: str = "process"  # HS_TRACER_EXPORT: exporters in a process of their own, or "thread"
     in_graph: bool = True  # HS_TRACER_IN_GRAPH: record the fingerprint kernel into the target's CUDA graphs
+    identity_every: int = 32  # HS_TRACER_IDENTITY_EVERY: 1 in N prefill forwards measures identity; 0 off
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
 
 
@@ -107,6 +108,7 @@ _PARSERS = {
     "HS_TRACER_LOG_LEVEL": ("log_level", lambda name, raw: _log_level(name, raw)),
     "HS_TRACER_EXPORT": ("export", _export),
     "HS_TRACER_IN_GRAPH": ("in_graph", _switch),
+    "HS_TRACER_IDENTITY_EVERY": ("identity_every", _int_in(0, 1 << 20)),
     "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
 }
 

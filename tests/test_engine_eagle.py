@@ -157,3 +157,26 @@ def test_sampled_step_spans_reach_the_otlp_endpoint(engines) -> None:
     assert attrs["hs_tracer.num_draft_tokens"] > 1
     assert "hs_tracer.input_width" in attrs
     assert not any("prompt" in key or "text" in key for key in attrs)
+
+
+@pytest.mark.parametrize("name", ["correct", "ids_shifted"])  # exporters in the scheduler; in a process
+def test_step_counts_equal_sglangs_on_batched_workloads(engines, name: str) -> None:
+    """Every workload sends its prompts at once (batch > 1). After each, hs_tracer's request-steps
+    (acceptance ``steps``: one per request and verify step SGLang committed) equal the sum of SGLang's
+    per-request ``spec_verify_ct``, and its distinct verify steps (the report's ``overhead`` block)
+    grew by at least the longest request's count and at most that sum: requests prefilled in separate
+    batches decode in steps of their own, so SGLang's longest count is a lower bound of the steps."""
+    run = engines[name]
+    sglang_request_steps, steps_before = 0, 0
+    for wl in run.spec.workloads:
+        # a request that ends at its first token (EOS) is never verified: SGLang leaves the key out
+        counts = [int(m.get("spec_verify_ct", 0)) for m in run.meta(wl)]
+        assert len(counts) > 1 and max(counts) > 0
+        sglang_request_steps += sum(counts)
+        (report,) = [r for r in run.workloads[wl]["schedulers"] if r.get("emitting")]
+        assert report["diagnosis"]["acceptance"]["steps"] == sglang_request_steps, wl
+        steps = report["overhead"]["verify_steps"]
+        assert max(counts) <= steps - steps_before <= sum(counts), (wl, steps - steps_before, counts)
+        steps_before = steps
+        cost = report["overhead"]
+        assert cost["thread_cpu_us_per_step"] > 0 and cost["kernel_gpu_us_per_step"] is None  # the CPU

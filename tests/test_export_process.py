@@ -160,6 +160,7 @@ wait(lambda: scrape("hs_tracer_verify_steps_total") == [30.0], "30 verify steps 
 wait(lambda: json.loads(report_path.read_text())["diagnosis"]["acceptance"]["steps"] == 60, "the report")
 out = {"scheduler_pid": os.getpid(), "where": st.recorder.where(),
        "accepted": scrape("hs_tracer_accepted_tokens_total"),
+       "thread_cpu": scrape("hs_tracer_thread_cpu_seconds_total"),
        "report": json.loads(report_path.read_text())}
 
 os.kill(st.recorder.export.proc.pid, signal.SIGKILL)   # the export process dies under serving
@@ -196,6 +197,11 @@ def test_export_process_serves_the_schedulers_metrics_and_writes_its_report(sche
     assert report["probes"]["decode_steps"] == 30
     acceptance = report["diagnosis"]["acceptance"]
     assert acceptance["mean_accept_length"] == pytest.approx((sum(1 + i % 4 for i in range(30)) + 60) / 60)
+    # the recorder thread's CPU time in the scheduler process crosses with the batches
+    cost = report["overhead"]
+    assert cost["verify_steps"] == 30 and cost["thread_cpu_us_per_step"] > 0 and cost["hook_us_per_step"] > 0
+    assert cost["kernel_gpu_us_per_step"] is None  # on the CPU
+    assert len(scheduler["thread_cpu"]) == 1 and scheduler["thread_cpu"][0] > 0
 
 
 def test_export_process_dying_switches_tracing_off_not_serving(scheduler: dict) -> None:

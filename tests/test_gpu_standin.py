@@ -554,3 +554,39 @@ def test_testbed_summary_compares_every_round_on_off_and_each_engine_against_its
     assert "tree_fp32_on vs tree_fp32_off: identical / 1/2 differ / identical" in text
     assert "Source: commit abc (clean tree)" in text and "deterministic inference: on" in text
     assert "Note: read me first" in text
+
+
+def test_prod_part_reports_the_self_measured_cost_next_to_the_wall_time_difference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prod part's per-step figures from hs_tracer's metrics: hooks + recorder thread CPU +
+    kernel GPU, the on/off wall difference per step beside it, and the Markdown row showing both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sglang", ROOT / "benchmarks" / "gpu_sglang.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_sglang", mod)
+    spec.loader.exec_module(mod)
+    text = ('hs_tracer_thread_cpu_seconds_total{model="m",tp_rank="0"} 0.003\n'
+            'hs_tracer_fingerprint_kernel_gpu_seconds{model="m",tp_rank="0"} 7.5e-06\n')
+    assert mod.counter(text, "hs_tracer_thread_cpu_seconds") == 0.003
+    assert mod.gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds") == 7.5e-06
+    assert mod.gauge(text, "hs_tracer_enabled") is None
+    own = mod.self_measured(30 * 15e-6, 0.003, 30, 7.5e-6)
+    assert own == {"hook_us": 15.0, "thread_cpu_us": 100.0, "kernel_gpu_us": 7.5, "total_us": 122.5}
+    assert mod.self_measured(0.0, 0.0, 0, None)["total_us"] is None
+    assert mod.self_measured(30 * 15e-6, 0.0, 30, None)["total_us"] == 15.0  # on the CPU: no kernel
+    wall = mod.wall_diff_us_per_step([1.0, 2.0, 1.0], [1.001, 2.003, 1.002], 100)
+    assert wall["median_us"] == pytest.approx(20.0) and wall["iqr_us"] == pytest.approx([15.0, 25.0])
+    row = {"batch_size": 8, "new_tokens_per_request": 256, "pairs": 3, "tokens_per_s_off": 1.0,
+           "tokens_per_s_on": 1.0, "on_over_off": 1.0, "on_over_off_min": 1.0, "on_over_off_max": 1.0,
+           "on_over_off_iqr": [1.0, 1.0], "decode_step_ms_off": 1.0, "host_overhead_mean_us": 15.0,
+           "host_overhead_histogram_delta": {"count": 30}, "hs_tracer_verify_steps": 30,
+           "sglang_verify_steps": {"on": 30}, "self_measured_us_per_step": own,
+           "on_minus_off_wall_us_per_step": wall, "sglang_request_steps": 240,
+           "hs_tracer_request_steps": 240.0}
+    md = mod.markdown({"sglang": "0.5.23", "tp": 1, "date": "d", "cuda_graphs": "on",
+                       "overlap_scheduler": "on", "radix_cache": "on", "method": "m",
+                       "server_flags": [], "source": {"commit": "abc"},
+                       "prod": {"throughput": [row]}})
+    assert "| 8 | 15.0000 | 100.0000 | 7.5000 | 122.5000 | 20.0000 | [15.0, 25.0] | 240 / 240.0000 |" in md

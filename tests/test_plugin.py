@@ -213,6 +213,30 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
         assert not HookRegistry._hooks
         return "off: " + line
 
+    @check
+    def status_reads_no_metadata():
+        # status() runs every few seconds in the scheduler process, in the recorder thread holding the
+        # scheduler's GIL, once per hand-off. Reading a distribution's metadata scans sys.path (about a
+        # millisecond a call), and status() once read it per patched target: tens of ms per call. The
+        # installed release's facts are read once, when the state is installed.
+        import importlib.metadata
+        os.environ["HS_TRACER"] = "1"
+        HookRegistry.reset()
+        plugin.register()
+        HookRegistry.apply_hooks()  # SGLang's load_plugins() applies them right after registering
+        st = state.current()
+        assert st is not None and HookRegistry._patched, sorted(HookRegistry._patched)
+        calls = []
+        real = importlib.metadata.version
+        importlib.metadata.version = lambda name: calls.append(name) or real(name)
+        try:
+            applied = [st.status()["hooks_applied"] for _ in range(3)][-1]
+        finally:
+            importlib.metadata.version = real
+        assert calls == [], f"status() read metadata {len(calls)} times: {sorted(set(calls))}"
+        assert applied and set(applied) <= {h.target for h in versions.installed_family().hooks}, applied
+        return f"{len(applied)} hooks applied, no metadata read"
+
     print("RESULTS " + json.dumps(results))
 """
 
@@ -224,11 +248,12 @@ def release_checks() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", ["version_guard", "post_release", "draft_layouts", "ranks_and_role",
-                                  "registration", "newer_release"])
+                                  "registration", "newer_release",
+                                  "status_reads_no_metadata"])
 def test_the_installed_releases_real_classes(release_checks: dict[str, str], name: str) -> None:
     """The version guard (targets, parameters, reads, layer-id rules), a .postN build, the draft
     classes' layouts, the ranks/role readers, registration of exactly the family's hooks under their
-    names, and the same files under a newer version string."""
+    names, the same files under a newer version string, and a status() that reads no metadata."""
     assert release_checks[name].startswith("ok"), release_checks[name]
 
 

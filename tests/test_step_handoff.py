@@ -13,8 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hs_tracer.export.analysis import AcceptanceTally, length_counts
-from hs_tracer.export.prometheus import HOST_OVERHEAD, OVERHEAD_BUCKETS, PrometheusExporter
+from hs_tracer.export.analysis import AcceptanceTally, OwnCost, length_counts
+from hs_tracer.export.batch import StepBatch
+from hs_tracer.export.prometheus import (
+    HOST_OVERHEAD,
+    KERNEL_GPU,
+    OVERHEAD_BUCKETS,
+    THREAD_CPU,
+    PrometheusExporter,
+)
 from hs_tracer.records import Ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,6 +129,42 @@ def test_host_overhead_histogram_observes_every_step() -> None:
     assert got == want and want[(f"{HOST_OVERHEAD}_count", None)] == 500
 
 
+def _batch(steps: int, host_s: float, thread_cpu_s: float) -> StepBatch:
+    ints = np.arange(steps, dtype=np.int64)
+    return StepBatch(steps=ints, time_unix_ns=ints, num_draft_tokens=np.full(steps, 4),
+                     host_s=np.full(steps, host_s), sizes=np.ones(steps, np.int64),
+                     lengths=np.ones(steps, np.int64),
+                     digest_steps=ints[:0], digest_tokens=ints[:0], digest_raws=np.zeros((0, 3, 5)),
+                     thread_cpu_s=thread_cpu_s)
+
+
+def test_recorder_thread_cpu_reaches_the_counter_once_and_the_cost_per_step() -> None:
+    """A batch's thread CPU travels with its first chunk only (splitting never counts it twice),
+    is added to the counter and to the per-step cost, which sums hooks, thread and kernel."""
+    chunks = _batch(10, 4e-6, 3e-3).split(4)
+    assert [c.thread_cpu_s for c in chunks] == [3e-3, 0.0, 0.0]
+    e = PrometheusExporter("m", Ranks(), serve=False)
+    cost = OwnCost()
+    for c in [*chunks, _batch(10, 4e-6, 1e-3)]:
+        e.record_batch(len(c), np.zeros(1, dtype=np.int64), 0, 0, None, None, [], c.host_s.tolist(),
+                       thread_cpu_s=c.thread_cpu_s)
+        cost.add(c)
+    e.flush()
+    e.record_kernel_gpu(7e-6)
+    labels = {"model": "m", "engine": "sglang", **Ranks().labels()}
+    assert e.registry.get_sample_value(THREAD_CPU + "_total", labels) == pytest.approx(4e-3)
+    assert e.registry.get_sample_value(KERNEL_GPU, labels) == 7e-6
+    got = cost.to_json(7e-6)
+    assert got["verify_steps"] == 20 and got["hook_us_per_step"] == pytest.approx(4.0)
+    assert got["thread_cpu_us_per_step"] == pytest.approx(200.0)  # 4 ms over 20 steps
+    assert got["host_us_per_step"] == pytest.approx(204.0)
+    assert got["kernel_gpu_us_per_step"] == pytest.approx(7.0)
+    assert got["total_us_per_step"] == pytest.approx(211.0)
+    on_cpu = cost.to_json(None)  # no kernel on the GPU: the total is the host part
+    assert on_cpu["kernel_gpu_us_per_step"] is None and on_cpu["total_us_per_step"] == pytest.approx(204.0)
+    assert OwnCost().to_json(None)["total_us_per_step"] is None  # before the first step
+
+
 CHILD = r"""
 import json, os, sys, threading, time
 from types import SimpleNamespace
@@ -175,6 +218,8 @@ deadline = time.monotonic() + 60
 while st.recorder.analysis.acceptance.steps < 60 and time.monotonic() < deadline:
     time.sleep(0.01)
 recorded = st.recorder.analysis.acceptance.steps
+while not st.recorder.analysis.cost.thread_cpu_s and time.monotonic() < deadline:
+    time.sleep(0.01)  # the wake-up that worked the steps off attributes its CPU right after
 assert st.recorder.mode == "thread"  # SGLang traces requests: the exporters stay in this process
 step([2, 2])                                     # the scheduler thread's next step delivers the rest
 prom = st.recorder.analysis._prom
@@ -187,6 +232,8 @@ out = {
     "main": threading.current_thread().name,
     "hist_count": prom.registry.get_sample_value("hs_tracer_host_overhead_seconds_count", labels),
     "verify_steps": prom.registry.get_sample_value("hs_tracer_verify_steps_total", labels),
+    "thread_cpu": prom.registry.get_sample_value("hs_tracer_thread_cpu_seconds_total", labels),
+    "overhead": st.status().get("overhead"),
     "enabled": st.enabled, "reason": st.disabled_reason,
 }
 st.recorder.stop()
@@ -212,6 +259,17 @@ def test_recorder_batches_count_every_step(child: dict) -> None:
     assert child["accepted_tokens"] == sum(1 + i % 4 for i in range(30)) + 2 * 30
     assert child["verify_steps"] == 30
     assert child["hist_count"] == 30  # every step's host time, not a sample
+
+
+def test_the_recorder_threads_cpu_time_is_counted_per_step(child: dict) -> None:
+    """The recorder thread runs in the scheduler process: its CPU time is part of hs_tracer's cost,
+    exported as a counter and per step in the report (here in-thread, on the CPU: no kernel)."""
+    assert child["thread_cpu"] > 0
+    cost = child["overhead"]
+    assert cost["verify_steps"] >= 30 and cost["thread_cpu_us_per_step"] > 0 and cost["hook_us_per_step"] > 0
+    assert cost["kernel_gpu_us_per_step"] is None
+    parts = cost["hook_us_per_step"] + cost["thread_cpu_us_per_step"]
+    assert cost["total_us_per_step"] == pytest.approx(parts, abs=2e-3)
 
 
 def test_request_trace_events_are_written_by_the_scheduler_thread_only(child: dict) -> None:

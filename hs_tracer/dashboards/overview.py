@@ -339,10 +339,13 @@ def _health_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
                  f"  / {q.rate(q.count_of(m.HOST_OVERHEAD), 'model')}", "{{model}} mean", "C")],
         min_val=0))
     d = d.with_panel(_timeseries(
-        "Scheduler time spent in hs_tracer", "Share of the scheduler thread's wall time spent in "
-        "hs_tracer's per-step hooks (hook seconds per second).", "percentunit",
+        "Scheduler time spent in hs_tracer", "Share of the scheduler process's time hs_tracer takes "
+        "(seconds per second): its per-step hooks on the scheduler thread, and its recorder thread's "
+        "CPU time, which holds the same GIL and which no hook's time shows.", "percentunit",
         [_target(q.rate(q.sum_of(m.HOST_OVERHEAD), "model, instance"),
-                 "{{model}} {{instance}}")], min_val=0))
+                 "{{model}} {{instance}} hooks", "A"),
+         _target(q.rate(q.total(m.THREAD_CPU), "model, instance"),
+                 "{{model}} {{instance}} recorder thread", "B")], min_val=0))
     return d
 
 

@@ -42,6 +42,7 @@ logger = logging.getLogger("hs_tracer")
 REPORT_EVERY_S = 0.5  # how often the live report is refreshed while steps arrive
 DIAGNOSE_EVERY_S = 1.0  # the online diagnosis runs at most this often while steps arrive
 DIGESTS_KEPT = 8192  # digests waiting for their step's result (steps in flight are a few)
+IDENTITY_ROWS = 64  # same-token identity: the latest rows kept (several sampled forwards pooled)
 _NONFINITE = DIGEST_FIELDS.index("nonfinite")
 
 
@@ -125,13 +126,14 @@ class ExportSetup:
     span_sample: float
     metrics_port: int | None
     metrics_addr: str
+    kernel_gpu_s: float | None = None  # the fingerprint kernel's GPU time per step, timed at warm-up
 
     def to_json(self) -> dict[str, Any]:
         return {"wiring": asdict(self.wiring), "ranks": asdict(self.ranks),
                 "static_findings": [f.to_json() for f in self.static_findings],
                 "draft_config": self.draft_config, "profile": str(self.profile) if self.profile else None,
                 "span_sample": self.span_sample, "metrics_port": self.metrics_port,
-                "metrics_addr": self.metrics_addr}
+                "metrics_addr": self.metrics_addr, "kernel_gpu_s": self.kernel_gpu_s}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExportSetup:
@@ -139,7 +141,40 @@ class ExportSetup:
                    static_findings=Report.from_json({"findings": d["static_findings"]}).findings,
                    draft_config=d["draft_config"], profile=Path(d["profile"]) if d["profile"] else None,
                    span_sample=d["span_sample"], metrics_port=d["metrics_port"],
-                   metrics_addr=d["metrics_addr"])
+                   metrics_addr=d["metrics_addr"], kernel_gpu_s=d.get("kernel_gpu_s"))
+
+
+@dataclass
+class OwnCost:
+    """What hs_tracer added to the scheduler process, summed over the verify steps exported so far:
+    the per-step hooks' host time (the scheduler thread), the recorder thread's CPU time (same
+    process, same GIL), and with ``kernel_gpu_s`` the fingerprint kernel's GPU time per step."""
+
+    steps: int = 0
+    hook_s: float = 0.0
+    thread_cpu_s: float = 0.0
+
+    def add(self, batch: StepBatch) -> None:
+        self.steps += len(batch)
+        self.hook_s += float(batch.host_s.sum())
+        self.thread_cpu_s += batch.thread_cpu_s
+
+    def to_json(self, kernel_gpu_s: float | None) -> dict[str, Any]:
+        """Per-step figures in µs (None before the first step); ``total_us_per_step`` adds the three
+        parts, the GPU part only where it was measured (CUDA)."""
+        n = self.steps
+
+        def per_step(seconds: float | None) -> float | None:
+            return None if not n or seconds is None else round(seconds / n * 1e6, 3)
+
+        host = self.hook_s + self.thread_cpu_s
+        kernel = None if kernel_gpu_s is None else round(kernel_gpu_s * 1e6, 3)
+        total = per_step(host)
+        return {"verify_steps": n, "hook_us_per_step": per_step(self.hook_s),
+                "thread_cpu_us_per_step": per_step(self.thread_cpu_s),
+                "host_us_per_step": total, "kernel_gpu_us_per_step": kernel,
+                "total_us_per_step": None if total is None else round(total + (kernel or 0.0), 3),
+                "thread_cpu_seconds": round(self.thread_cpu_s, 6)}
 
 
 @dataclass(frozen=True)
@@ -179,8 +214,11 @@ class Analysis:
         self._digests = DigestJoin(DIGESTS_KEPT)
         self._fresh: ChannelStats | None = None  # windows folded in since the last diagnosis
         self._diagnosed_at = -DIAGNOSE_EVERY_S
+        self.identity_samples = 0
+        self._identity_pool: tuple[list[str], np.ndarray, np.ndarray] | None = None
         self._reported_at = 0.0
         self._dirty = False
+        self.cost = OwnCost()
 
     def start(self) -> None:
         """Load the profile and start the exporters (Prometheus serves from here on)."""
@@ -203,6 +241,8 @@ class Analysis:
                 expected.accept_length(int(steps) if steps else expected.num_steps))
         for f in s.static_findings:
             self._prom.record_finding(f)
+        if s.kernel_gpu_s is not None:
+            self._prom.record_kernel_gpu(s.kernel_gpu_s)
         if spans_configured():
             self._otel = OtelExporter(s.wiring.model, s.ranks, sample=s.span_sample)
             self._otel.record_wiring(s.wiring)
@@ -262,7 +302,9 @@ class Analysis:
                 rec = batch.record(i, self.setup.ranks, hidden, self._digests.find(int(batch.steps[i])))
                 otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=self._request_events)
         self._prom.record_batch(len(batch), counts, batch.draft_tokens(), int(batch.time_unix_ns[-1]),
-                                batch.input_width, digest, nonfinite_counts, batch.host_s.tolist())
+                                batch.input_width, digest, nonfinite_counts, batch.host_s.tolist(),
+                                thread_cpu_s=batch.thread_cpu_s)
+        self.cost.add(batch)
         self.nonfinite += sum(nonfinite_counts)
         # last: a reader that sees the tally grow finds the batch in the metrics too
         self.acceptance.add_counts(counts, int(batch.num_draft_tokens[-1]), batch.max_accept_length)
@@ -285,6 +327,30 @@ class Analysis:
         self.live = fresh if self.live is None else self.live.merge(fresh)
         self._diagnose(fresh)
         return True
+
+    def on_identity(self, names: Sequence[str], candidates: np.ndarray, slots: np.ndarray) -> None:
+        """One sampled forward's rows (``candidates`` [S, R, D] named by ``names``, ``slots``
+        [R, K, D]): pooled with the latest samples of the same candidates, then each slot is named by
+        what its rows equal (:func:`hs_tracer.diagnosis.same_token.identify`, exact tolerance: inside
+        the engine slot and candidate rows are the same tensors' values)."""
+        import torch
+
+        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify
+
+        names = list(names)
+        if not names or slots.size == 0:
+            return
+        pool = self._identity_pool
+        if pool is not None and pool[0] == names and pool[2].shape[1:] == slots.shape[1:]:
+            candidates = np.concatenate([pool[1], candidates], axis=1)[:, -IDENTITY_ROWS:]
+            slots = np.concatenate([pool[2], slots], axis=0)[-IDENTITY_ROWS:]
+        self._identity_pool = (names, candidates, slots)
+        self.identity_samples += 1
+        rows = torch.from_numpy(np.array(slots, dtype=np.float32))
+        cands = {n: torch.from_numpy(np.array(candidates[i], dtype=np.float32))
+                 for i, n in enumerate(names)}
+        self.measured = identify(rows, cands, EXACT_TOLERANCE)
+        self._dirty = True
 
     def _diagnose(self, window: ChannelStats) -> None:
         """Judge everything seen so far against the profile (the wiring does not change while a
@@ -333,10 +399,23 @@ class Analysis:
         self._prom.record_health(dropped=h.dropped, hook_errors=h.hook_errors, enabled=h.enabled,
                                  spans_dropped=self._otel.dropped if self._otel is not None else None)
 
+    def add_thread_cpu(self, seconds: float) -> None:
+        """CPU seconds of the scheduler process's recorder thread, attributed to the steps of the
+        batches just worked off (``thread`` mode, where this analysis runs in that thread)."""
+        self.cost.thread_cpu_s += seconds
+        self._prom.record_thread_cpu(seconds)
+
+    def overhead_json(self) -> dict[str, Any]:
+        """The ``overhead`` block of the live report: hs_tracer's own cost per verify step."""
+        return self.cost.to_json(self.setup.kernel_gpu_s)
+
     def report_json(self) -> dict[str, Any]:
         """The ``diagnosis`` block of the live report (docs/interfaces.md)."""
         with self._report_lock:
             out = self.report.to_json()
         out["windows"] = self.window_reports
         out["profile"] = str(self.setup.profile) if self.setup.profile else None
+        out["measured_identity"] = None if self.measured is None else {
+            "samples": self.identity_samples, "slots": [m.to_json() for m in self.measured]}
         return out
+

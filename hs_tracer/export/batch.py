@@ -49,6 +49,9 @@ class StepBatch:
     max_accept_length: int | None = None
     input_width: int | None = None
     requests: list[Sequence[Any]] | None = None  # committed requests per step (same process only)
+    # CPU seconds hs_tracer's recorder thread spent in the scheduler process since the previous
+    # batch (it shares the scheduler's GIL): its cost, attributed to this batch's steps
+    thread_cpu_s: float = 0.0
 
     @classmethod
     def from_run(cls, run: StepRun, digest_steps: np.ndarray, digest_tokens: np.ndarray,
@@ -92,7 +95,8 @@ class StepBatch:
                 digest_tokens=self.digest_tokens if first else self.digest_tokens[:0],
                 digest_raws=self.digest_raws if first else self.digest_raws[:0],
                 max_accept_length=self.max_accept_length, input_width=self.input_width,
-                requests=self.requests[start:stop] if self.requests is not None else None))
+                requests=self.requests[start:stop] if self.requests is not None else None,
+                thread_cpu_s=self.thread_cpu_s if first else 0.0))
         return out
 
     def draft_tokens(self) -> int:

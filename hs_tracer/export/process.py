@@ -99,8 +99,8 @@ class ExportProcess:
         arrays = [getattr(batch, name) for name in ARRAYS]
         if batch.num_draft_tokens.size and int(batch.num_draft_tokens.max()) <= np.iinfo(np.int8).max:
             arrays[ARRAYS.index("lengths")] = self._int8(batch.lengths)
-        self._queue("steps", {"max_accept_length": batch.max_accept_length, "input_width": batch.input_width},
-                    arrays)
+        self._queue("steps", {"max_accept_length": batch.max_accept_length, "input_width": batch.input_width,
+                              "thread_cpu_s": batch.thread_cpu_s}, arrays)
 
     def _int8(self, lengths: np.ndarray) -> np.ndarray:
         """``lengths`` as int8, in memory reused from one flush to the next."""
@@ -116,6 +116,10 @@ class ExportProcess:
     def queue_window(self, window: ChannelStats) -> None:
         """Queue a diagnosis window's channel sums (written from its arrays at :meth:`flush`)."""
         self._queue("window", {}, [window.count, window.sum, window.sumsq])
+
+    def queue_identity(self, names: list[str], candidates: np.ndarray, slots: np.ndarray) -> None:
+        """Queue one identity sample's rows (integrations/sglang/identity.py)."""
+        self._queue("identity", {"sources": list(names)}, [candidates, slots])
 
     def queue_status(self, status: dict[str, Any], health: Health) -> None:
         """Queue this process's status and health."""
@@ -146,10 +150,13 @@ class _Worker:
         if kind == "steps":
             self.batches.append(StepBatch(**dict(zip(ARRAYS, arrays, strict=True)),
                                           max_accept_length=meta["max_accept_length"],
-                                          input_width=meta["input_width"]))
+                                          input_width=meta["input_width"],
+                                          thread_cpu_s=meta.get("thread_cpu_s", 0.0)))
         elif kind == "window":
             window = window_from_message(arrays)
             self.window = window if self.window is None else self.window.merge(window)
+        elif kind == "identity":
+            self.analysis.on_identity(meta["sources"], arrays[0], arrays[1])
         elif kind == "status":
             self.status, self.health = meta["status"], Health(**meta["health"])
             self.analysis.mark_dirty()
@@ -163,7 +170,8 @@ class _Worker:
 
     def write_report(self) -> None:
         if self.report is not None and self.status is not None:
-            self.report.write({**self.status, "diagnosis": self.analysis.report_json()})
+            self.report.write({**self.status, "overhead": self.analysis.overhead_json(),
+                               "diagnosis": self.analysis.report_json()})
 
 
 def window_from_message(arrays: list[np.ndarray]) -> ChannelStats:

@@ -68,6 +68,8 @@ HOOK_ERRORS = "hs_tracer_hook_errors"
 SPANS_DROPPED = "hs_tracer_spans_dropped"
 ENABLED = "hs_tracer_enabled"
 HOST_OVERHEAD = "hs_tracer_host_overhead_seconds"
+THREAD_CPU = "hs_tracer_thread_cpu_seconds"
+KERNEL_GPU = "hs_tracer_fingerprint_kernel_gpu_seconds"
 EXPECTED_ACCEPT_LENGTH = "hs_tracer_expected_accept_length"
 START_TIME = "hs_tracer_start_time_seconds"
 
@@ -227,6 +229,13 @@ class _Metrics:
         self.host_overhead = Histogram(
             HOST_OVERHEAD, "Host (CPU) time the per-step hooks added to the "
             "scheduler thread, per verify step, in seconds.", base, buckets=OVERHEAD_BUCKETS, **kw)
+        self.thread_cpu = Counter(
+            THREAD_CPU, "CPU time of hs_tracer's background thread in the scheduler process (it "
+            "shares the scheduler's GIL), in seconds; per verify step: its rate over the steps' rate.",
+            base, **kw)
+        self.kernel_gpu = Gauge(
+            KERNEL_GPU, "GPU time of the fingerprint kernel per verify step, in seconds, timed once when "
+            "the probe was warmed (64 rows). Absent on the CPU.", base, **gauge_kw)
 
 
 class PrometheusExporter:
@@ -275,6 +284,7 @@ class PrometheusExporter:
         self._spans_dropped = m.spans_dropped.labels(**b)
         self._enabled = m.enabled.labels(**b)
         self._host_overhead = _WeightedHistogram(m.host_overhead.labels(**b))
+        self._thread_cpu = m.thread_cpu.labels(**b)
         self._enabled.set(1)
         m.start_time.labels(**b).set(time.time())
         self._totals = {"dropped": 0, "hook_errors": 0, "spans_dropped": 0}
@@ -357,11 +367,13 @@ class PrometheusExporter:
 
     def record_batch(self, steps: int, counts: np.ndarray, draft_tokens: int, last_time_unix_ns: int,
                      input_width: int | None, last_digest: StepDigest | None,
-                     nonfinite: Sequence[int], host_s: Sequence[float] = ()) -> None:
+                     nonfinite: Sequence[int], host_s: Sequence[float] = (),
+                     thread_cpu_s: float = 0.0) -> None:
         """:meth:`record_step` for many steps at once (the recorder's batches): ``counts[v]`` the
         request-steps with accept length ``v``, ``draft_tokens`` their sum of drafts proposed,
         ``nonfinite[k]`` slot k's non-finite values, ``host_s`` each step's host time in the hooks
-        (every step is observed). A few operations per batch whatever its size; the histograms
+        (every step is observed), ``thread_cpu_s`` the recorder thread's CPU time attributed to
+        these steps. A few operations per batch whatever its size; the histograms
         are bucketed at the flush."""
         if not steps:
             return
@@ -380,9 +392,16 @@ class PrometheusExporter:
                 if count:
                     p.nonfinite[k] += int(count)
             p.host_s.extend(host_s)
+            p.thread_cpu_s += thread_cpu_s
             now = time.monotonic()
             if now - self._last_flush >= self.flush_interval_s:
                 self._flush_locked(now)
+
+    def record_thread_cpu(self, seconds: float) -> None:
+        """The recorder thread's CPU time attributed to steps already recorded (pushed at the next
+        flush, with them)."""
+        with self._lock:
+            self._pending.thread_cpu_s += seconds
 
     def flush(self) -> None:
         """Push the steps summed since the last flush to the metrics."""
@@ -393,7 +412,8 @@ class PrometheusExporter:
         while not self._closed.wait(self.flush_interval_s):
             with self._lock:
                 now, p = time.monotonic(), self._pending
-                if (p.steps or p.host_s) and now - self._last_flush >= self.flush_interval_s:
+                pending = p.steps or p.host_s or p.thread_cpu_s
+                if pending and now - self._last_flush >= self.flush_interval_s:
                     self._flush_locked(now)
 
     def _flush_locked(self, now: float) -> None:
@@ -401,6 +421,8 @@ class PrometheusExporter:
         self._last_flush = now
         if p.host_s:
             self._host_overhead.add_many(np.asarray(p.host_s, dtype=np.float64))
+        if p.thread_cpu_s > 0:
+            self._thread_cpu.inc(p.thread_cpu_s)
         if not p.steps:
             return
         self._verify_steps.inc(p.steps)
@@ -434,6 +456,10 @@ class PrometheusExporter:
     def record_expected_accept_length(self, value: float) -> None:
         """The profile's expected mean accept length for the served draft steps (set once, at startup)."""
         self._m.expected_accept_length.labels(**self._base).set(value)
+
+    def record_kernel_gpu(self, seconds: float) -> None:
+        """The fingerprint kernel's GPU time per verify step (set once, when the exporters start)."""
+        self._m.kernel_gpu.labels(**self._base).set(seconds)
 
     def record_wiring(self, w: WiringRecord) -> None:
         """Publish the wiring as an info-style gauge; pre-create the per-position counters."""
@@ -518,6 +544,7 @@ class _PendingSteps:
     input_width: int | None = None
     last_digest: StepDigest | None = None
     nonfinite: Counter[int] = field(default_factory=Counter)
+    thread_cpu_s: float = 0.0
     host_s: list[float] = field(default_factory=list)  # per-step host time, bucketed at the flush
 
 

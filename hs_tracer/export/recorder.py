@@ -73,6 +73,19 @@ class StepSource(Protocol):
     def take_batch(self, *, requests: bool, scratch: Scratch | None) -> StepBatch | None: ...
 
 
+class IdentitySample(Protocol):
+    """One sampled forward's rows (integrations/sglang/identity.py): candidates [S, R, D] named by
+    ``sources``, the draft-input slots [R, K, D]."""
+
+    sources: list[str]
+    candidates: Any
+    slots: Any
+
+
+class IdentitySource(Protocol):
+    def landed(self) -> list[IdentitySample]: ...
+
+
 class CaptureSource(Protocol):
     def poll(self) -> None: ...
 
@@ -131,13 +144,16 @@ def export_mode(st: SchedulerSide) -> str:
     return st.config.export
 
 
-def export_setup(st: SchedulerSide) -> ExportSetup:
+def export_setup(st: SchedulerSide, probe: FingerprintProbe | None = None) -> ExportSetup:
+    """The exporters' fixed facts; ``probe``: the decode probe, whose kernel GPU time per step was
+    measured when it was warmed."""
     assert st.wiring is not None and st.ranks is not None
     c = st.config
     return ExportSetup(wiring=st.wiring, ranks=st.ranks, static_findings=list(st.static_findings),
                        draft_config=dict(st.draft_config),
                        profile=c.profile if st.profile_fits else None, span_sample=c.span_sample,
-                       metrics_port=c.metrics_port, metrics_addr=c.metrics_addr)
+                       metrics_port=c.metrics_port, metrics_addr=c.metrics_addr,
+                       kernel_gpu_s=getattr(probe, "kernel_gpu_s", None))
 
 
 class Recorder(threading.Thread):
@@ -154,14 +170,36 @@ class Recorder(threading.Thread):
         self._status_at = 0.0
         self._scratch = Scratch()  # ``process``: where accept lengths are joined
         self._since = 0.0  # ``process``: the steps waiting were logged since then (hand-off or idle wake-up)
+        # This thread's CPU time (time.thread_time, read around each wake-up and once more where a
+        # batch's share is attributed): not yet attributed to steps, of wake-ups that handed steps
+        # over; totals of those and of idle wake-ups (no step waiting).
+        self._cpu_busy = 0.0
+        self._wake_cpu = time.thread_time()  # at the start of this wake-up, or where it attributed
+        self.cpu_busy_s = 0.0
+        self.cpu_idle_s = 0.0
+        self._took = False  # this wake-up took a batch of steps
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self._setup()
+            # Everything this thread does in a wake-up (batching, status, pipe writes; in ``thread``
+            # mode the exporters and the diagnosis) is CPU time in the scheduler process under its
+            # GIL. A few clock reads per wake-up, never per step: a wake-up that hands steps over
+            # attributes its CPU so far to them (:meth:`_attribute`); what it spends after that goes
+            # with the next batch. Wake-ups with no step waiting (no decode step running to slow
+            # down) are counted apart, and startup not at all.
             interval = BATCH_INTERVAL_S
             while not self._stopping.wait(interval):
+                self._wake_cpu = time.thread_time()
                 interval = self._wake()
+                rest = time.thread_time() - self._wake_cpu
+                if self._took:
+                    self._cpu_busy += rest
+                    self.cpu_busy_s += rest
+                else:
+                    self.cpu_idle_s += rest
+                self._took = False
         except Exception as exc:  # the recorder failing must not leave a half-working tracer
             self.st.fail("recorder", exc)
         finally:
@@ -177,7 +215,7 @@ class Recorder(threading.Thread):
         st = self.st
         if st.config.fault_inject == "recorder":
             raise RuntimeError("fault injected by HS_TRACER_FAULT_INJECT=recorder")
-        setup = export_setup(st)
+        setup = export_setup(st, self._probe())
         if self.mode == "process":
             from hs_tracer.export.process import ExportProcess
 
@@ -200,9 +238,22 @@ class Recorder(threading.Thread):
         assert self.analysis is not None
         batches = list(self._batches())
         self._poll_capture()
+        for sample in self._identity():
+            self.analysis.on_identity(sample.sources, sample.candidates, sample.slots)
         if self.analysis.work(batches, self._read_window(), self._health(), between=_yield):
             self.st.write_report()
+        if batches:
+            self.analysis.add_thread_cpu(self._attribute())
         return BATCH_INTERVAL_S
+
+    def _attribute(self) -> float:
+        """This thread's CPU time to attribute to the steps being handed over: what earlier
+        hand-offs spent after attributing theirs, and this wake-up's so far."""
+        now = time.thread_time()
+        cpu = self._cpu_busy + (now - self._wake_cpu)
+        self.cpu_busy_s += now - self._wake_cpu
+        self._cpu_busy, self._wake_cpu, self._took = 0.0, now, True
+        return cpu
 
     def _forward(self) -> float:
         """Everything logged since the last hand-off as one batch, the windows that landed (as the
@@ -221,15 +272,23 @@ class Recorder(threading.Thread):
             since, self._since = now - self._since, now
             export.check()  # also while idle: a death after the last hand-off must still switch tracing off
             health = self._health()
-            if not (waiting or windows or health != self._sent_health):
+            samples = self._identity()
+            for sample in samples:  # a few kB each, one in HS_TRACER_IDENTITY_EVERY prefills
+                export.queue_identity(sample.sources, sample.candidates, sample.slots)
+            if not (waiting or windows or samples or health != self._sent_health):
                 return BATCH_INTERVAL_S
             batches = list(self._batches(chunk=None))  # one batch: most of a batch's cost is fixed
+            status = None
+            if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
+                status = self.st.status()
+            if batches:  # the steps carry this thread's CPU so far, the status just built included
+                batches[0].thread_cpu_s = self._attribute()
             for batch in batches:
                 export.queue_batch(batch)
             for _slot, window in windows:  # written from the slots' own memory
                 export.queue_window(window)
-            if health != self._sent_health or (batches and now - self._status_at > STATUS_EVERY_S):
-                export.queue_status(self.st.status(), health)
+            if status is not None:
+                export.queue_status(status, health)
                 self._sent_health, self._status_at = health, now
             export.flush()
         finally:
@@ -247,6 +306,11 @@ class Recorder(threading.Thread):
         st = self.st
         return Health(dropped=st.dropped, hook_errors=st.hook_errors, enabled=st.enabled,
                       input_width=st.steps.input_width if st.steps is not None else None)
+
+    def _identity(self) -> list[IdentitySample]:
+        """Identity samples whose host copy landed (none without a sampler)."""
+        sampler: IdentitySource | None = getattr(self.st, "identity", None)
+        return sampler.landed() if sampler is not None else []
 
     def _poll_capture(self) -> None:
         if self.st.capture is not None:
@@ -287,6 +351,16 @@ class Recorder(threading.Thread):
         if self.export is not None:
             return {"mode": "process", "pid": self.export.proc.pid}
         return {"mode": self.mode}
+
+    def cpu_json(self) -> dict[str, float]:
+        """This thread's CPU seconds so far, in wake-ups that handed steps over (the per-step figure's
+        source) and in idle ones (no step waiting, so no decode step to slow down)."""
+        return {"handing_over": round(self.cpu_busy_s, 6), "idle": round(self.cpu_idle_s, 6)}
+
+    def overhead_json(self) -> dict[str, Any] | None:
+        """hs_tracer's own cost per verify step (:meth:`Analysis.overhead_json`), when the analysis
+        runs in this process (else the export process adds it to the report)."""
+        return self.analysis.overhead_json() if self.analysis is not None else None
 
     def report_json(self) -> dict[str, Any] | None:
         """The diagnosis block of this process's report, when the analysis runs in this process

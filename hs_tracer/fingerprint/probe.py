@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -66,6 +66,9 @@ class FingerprintProbe:
     thread at a time (the recorder's).
     """
 
+    GPU_TIMING_ROWS: ClassVar[int] = 64  # rows of the step whose kernel time is timed: batch 16 x 4 tokens
+    GPU_TIMING_LAUNCHES: ClassVar[int] = 21
+
     def __init__(self, num_slots: int, hidden: int, device: torch.device | str, ring_size: int = 64, *,
                  window_steps: int = 0, warmup_dtype: torch.dtype = torch.bfloat16,
                  graphs: bool = True, config: KernelConfig | None = None) -> None:
@@ -94,6 +97,9 @@ class FingerprintProbe:
         self._steps_in_window = 0
         self._window = ChannelStats.zeros(num_slots, hidden)
         self._window_fresh = False
+        # GPU seconds of the fused kernel per step (GPU_TIMING_ROWS rows), timed at warm-up; None on
+        # the CPU, where the reference runs on the host inside the hook's own time.
+        self.kernel_gpu_s: float | None = None
         if self._cuda:
             self._init_cuda(config, graphs, warmup_dtype)
         else:
@@ -174,8 +180,33 @@ class FingerprintProbe:
                 raise RuntimeError("the masked fingerprint launch did not write its digest")
             self._ig_ring.skip_launched()
             self._ig_warmup = self._ig_ring.launched  # not steps (in_graph_steps)
+            self.kernel_gpu_s = self._time_kernel(dtype, stream)
             self._acc.reset()
             stream.synchronize()
+
+    def _time_kernel(self, dtype: torch.dtype, stream: torch.cuda.Stream) -> float | None:
+        """The fused kernel's GPU time for one step of ``GPU_TIMING_ROWS`` rows (median of CUDA
+        events around single launches), measured once here, at construction, where a sync is
+        allowed: the per-step GPU part of hs_tracer's own cost, which no host clock sees. Launched
+        into the workspace's own digest buffer (no ring row, no launch graph kept); the window sums
+        it adds are reset by the caller. None if the timing fails (it is a report, not a check)."""
+        from hs_tracer.fingerprint.kernel import fingerprint_fused
+
+        try:
+            x = torch.randn((self.GPU_TIMING_ROWS, self._width), device=self.device).to(dtype)
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(self.GPU_TIMING_LAUNCHES)]
+            fingerprint_fused(x, self._ws)  # this shape's first launch binds through the JIT
+            for start, end in events:
+                start.record(stream)
+                fingerprint_fused(x, self._ws)
+                end.record(stream)
+            stream.synchronize()  # construction time, not a step
+            times = sorted(start.elapsed_time(end) for start, end in events)
+            return times[len(times) // 2] / 1e3
+        except Exception:  # the kernel worked above: only the timing failed; report it as unknown
+            logger.debug("hs_tracer: could not time the fingerprint kernel", exc_info=True)
+            return None
 
     # ---- step path --------------------------------------------------------------------------------
     def observe(self, x: torch.Tensor, step_id: int) -> bool:

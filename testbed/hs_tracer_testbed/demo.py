@@ -60,6 +60,7 @@ class Run:
             "acceptance": diag.get("acceptance"),
             "findings": diag.get("findings", []),
             "root_causes": diag.get("root_causes", []),
+            "measured_identity": diag.get("measured_identity"),
             "target": str(self.target),
             "draft": str(self.draft) if self.draft else None,
             "wiring": next((r.get("wiring") for r in self.schedulers if r.get("wiring")), None),

@@ -98,6 +98,10 @@ def read_target(st: TracerState, runner: Any) -> None:
     st.target_device = _device(runner)
     st.target_dtype = getattr(runner.model_config, "dtype", None)
     st.prepare_probes()  # before SGLang captures the target's graphs
+    if st.identity is None:
+        from hs_tracer.integrations.sglang import identity
+
+        st.identity = identity.install(st, body)
     st.write_report()
 
 
@@ -140,7 +144,11 @@ def after_target_forward(st: TracerState, result: Any, model: Any, *_args: Any, 
     total width. The aux states come last in the tuple it returns, packed into one tensor
     (DeepSeek-V2/V3) or as a list of tensors (Llama, Qwen, ...); a body that captured nothing
     returns its hidden states alone. Registered on every model body of the release, each under its
-    own guard name (:func:`hook_table`)."""
+    own guard name (:func:`hook_table`). On a forward the identity sampler samples, its rows of the
+    final norm and the slots are taken here (identity.py)."""
+    sampler = st.identity
+    if sampler is not None and sampler.active is not None and model is sampler.body:
+        sampler.finish(result)
     if st.capture_seen >= st.CAPTURE_SAMPLES or not isinstance(result, tuple):
         return
     aux = result[-1]

@@ -61,7 +61,11 @@ def after_v1_init_cuda_graphs(st: TracerState, _result: Any, worker: Any, *_a: A
 # ---- capture metadata ---------------------------------------------------------------------------------
 @hooks.hook
 def after_target_forward_list(st: TracerState, result: Any, model: Any, *_args: Any, **_kwargs: Any) -> None:
-    """Which layers the target captured, in loop order, and their total width (a list of states)."""
+    """Which layers the target captured, in loop order, and their total width (a list of states);
+    on a forward the identity sampler samples, its final-norm and slot rows (identity.py)."""
+    sampler = st.identity
+    if sampler is not None and sampler.active is not None and model is sampler.body:
+        sampler.finish(result)
     if st.capture_seen >= st.CAPTURE_SAMPLES or not isinstance(result, tuple):
         return
     wanted = set(getattr(model, "layers_to_capture", ()) or ())

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from hs_tracer.export.recorder import Recorder
     from hs_tracer.export.report_file import ReportFile
     from hs_tracer.fingerprint.probe import FingerprintProbe
+    from hs_tracer.integrations.sglang.identity import IdentitySampler
     from hs_tracer.integrations.sglang.steps import StepPath
 
 logger = logging.getLogger("hs_tracer")
@@ -65,9 +66,15 @@ class TracerState:
     role: str = "null"  # SGLang's disaggregation_mode: "null" (both), "prefill" or "decode"
     recorder: Recorder | None = None
     capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
+    identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _report_file: ReportFile | None = None
     _probes: tuple[FingerprintProbe | None, FingerprintProbe | None] | None = None  # (decode, prefill)
+    # Facts of the installed SGLang, read once by install(): reading a distribution's metadata
+    # scans sys.path (~1 ms a call), far too slow for status(), which the recorder thread calls
+    # every few seconds in the scheduler process while holding its GIL.
+    sglang_version: str = ""
+    own_targets: frozenset[str] = frozenset()  # the targets of the installed family's hooks
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
     RING_SIZE: ClassVar[int] = 4096  # digest ring rows: steps the recorder may fall behind between batches
@@ -118,13 +125,12 @@ class TracerState:
         """All startup hooks have run: build the wiring record, run the static checks, start
         the recorder."""
         from hs_tracer.diagnosis import wiring as static
-        from hs_tracer.integrations.sglang.versions import installed_version
 
         was_emitting = self._probes is not None and self.emitting
         self.ranks, self.emitting = _ranks()
         self.role = _role()
         t = self.target
-        self.wiring = wiring_record(t, self.aux, self.draft, self.spec_args, installed_version() or "")
+        self.wiring = wiring_record(t, self.aux, self.draft, self.spec_args, self.sglang_version)
         live = static.wiring_from_record(self.wiring)
         live = static.with_draft_config(live, self.draft_config)
         trained, unfit = None, None
@@ -212,9 +218,8 @@ class TracerState:
         first request compiles and synchronises nothing. Sized for the width the target hands
         over: K*H with aux states, else H."""
         from hs_tracer.fingerprint.probe import FingerprintProbe
-        from hs_tracer.integrations.sglang.versions import installed_version
 
-        wiring = self.wiring or wiring_record(self.target, self.aux, {}, {}, installed_version() or "")
+        wiring = self.wiring or wiring_record(self.target, self.aux, {}, {}, self.sglang_version)
         hidden = wiring.hidden_size
         slots = len(wiring.sources) if self.aux.get("use_aux_hidden_state", True) else 1
         if hidden <= 0 or slots <= 0:
@@ -249,7 +254,7 @@ class TracerState:
             "hook_errors": self.hook_errors,
             "disabled_reason": self.disabled_reason,
             "dropped_records": self.dropped,
-            "hooks_applied": sorted(t for t in HookRegistry._patched if t in _own_targets()),
+            "hooks_applied": sorted(t for t in HookRegistry._patched if t in self.own_targets),
             "target": self.target,
             "draft": self.draft,
             "capture": {
@@ -265,10 +270,15 @@ class TracerState:
                 "decode_steps": self.steps.decode_steps, "prefill_steps": self.steps.prefill_steps,
                 "launches": self.steps.launch_counts()},
             "export": None if self.recorder is None else self.recorder.where(),
+            "recorder_thread_cpu_s": None if self.recorder is None else self.recorder.cpu_json(),
             "capture_sink": None if self.capture is None else {
                 "path": str(self.capture.path), "written": self.capture.written,
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
+            "identity": None if self.identity is None else self.identity.status(),
         }
+        overhead = self.recorder.overhead_json() if self.recorder is not None else None
+        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
+            out["overhead"] = overhead
         diagnosis = self.recorder.report_json() if self.recorder is not None else None
         if diagnosis is not None:
             out["diagnosis"] = diagnosis
@@ -400,19 +410,17 @@ def _asdict(obj: Any) -> Any:
 _STATE: TracerState | None = None
 
 
-def _own_targets() -> set[str]:
-    """The targets of the installed release family's hooks (the newest family's without one), as
-    the hook table is built from them."""
-    from hs_tracer.integrations.sglang import versions
-    from hs_tracer.sglang_releases import FAMILIES
-
-    family = versions.installed_family() or FAMILIES[0]
-    return {h.target for h in family.hooks}
-
-
 def install(cfg: TracerConfig) -> TracerState:
+    """The process's tracer state, with the installed SGLang's version and its family's hook
+    targets read here, once (never on a periodic path: see :attr:`TracerState.own_targets`)."""
+    from hs_tracer.integrations.sglang import versions
+    from hs_tracer.sglang_releases import FAMILIES, family_for
+
     global _STATE
-    _STATE = TracerState(cfg)
+    version = versions.installed_version()
+    family = family_for(version) or FAMILIES[0]  # the newest family's without a supported release
+    _STATE = TracerState(cfg, sglang_version=version or "",
+                         own_targets=frozenset(h.target for h in family.hooks))
     return _STATE
 
 

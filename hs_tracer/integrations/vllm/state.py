@@ -139,7 +139,11 @@ class TracerState:
             "probes": None if self.steps is None else {
                 "decode": self.steps.decode is not None, "decode_steps": self.steps.decode_steps},
             "export": None if self.recorder is None else self.recorder.where(),
+            "recorder_thread_cpu_s": None if self.recorder is None else self.recorder.cpu_json(),
         }
+        overhead = self.recorder.overhead_json() if self.recorder is not None else None
+        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
+            out["overhead"] = overhead
         diagnosis = self.recorder.report_json() if self.recorder is not None else None
         if diagnosis is not None:
             out["diagnosis"] = diagnosis

@@ -24,6 +24,9 @@ once if it is already imported, so installing them costs nothing at interpreter 
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
 
+With ``HS_TRACER_TESTBED_MISCAPTURE`` set, the target's capture loop feeds other layers than its
+record says (:mod:`.miscapture`; the tests of in-engine layer identity).
+
 An older SGLang release gets its own module on top (:func:`release_patches`: 0.5.11 to 0.5.15 in
 :mod:`.release_0_5_11`, 0.5.16 to 0.5.19 in :mod:`.release_0_5_16`).
 """
@@ -167,4 +170,6 @@ def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], 
 
 def install() -> None:
     """Apply every patch now (module already imported) or right after its first import."""
-    _hook.install({**PATCHES, **release_patches()[1]})
+    from hs_tracer_testbed.runtime import miscapture
+
+    _hook.install({**PATCHES, **release_patches()[1], **miscapture.patches()})

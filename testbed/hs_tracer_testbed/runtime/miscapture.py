@@ -1,0 +1,67 @@
+"""A target capture loop that feeds the draft other layers than its ``layers_to_capture`` says: the
+ways an engine's model loop goes wrong while its record stays as configured. Testbed only, for the
+tests of in-engine layer identity; applied in every engine process when
+``HS_TRACER_TESTBED_MISCAPTURE`` names a mode (``patches.install``).
+
+Modes, for a body whose ``layers_to_capture`` is ``L`` (layer ``l`` captured = the residual stream
+entering layer ``l``):
+
+* ``late``: every slot is captured after its layer instead of before it (``l + 1``: one layer late);
+* ``late_deep``: the same for every slot but the first;
+* ``embedding_first``: the first slot gets the embedding (layer 0), the others stay.
+
+The loop runs with the changed list and the body's ``layers_to_capture`` is restored before it
+returns, so everything that reads it (SGLang's record, hs_tracer's startup and capture metadata)
+sees the configured layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+ENV = "HS_TRACER_TESTBED_MISCAPTURE"
+MODES: dict[str, Callable[[list[int]], list[int]]] = {
+    "late": lambda layers: [lay + 1 for lay in layers],
+    "late_deep": lambda layers: layers[:1] + [lay + 1 for lay in layers[1:]],
+    "embedding_first": lambda layers: [0, *layers[1:]],
+}
+BODIES = {"sglang.srt.models.llama": "LlamaModel", "sglang.srt.models.deepseek_v2": "DeepseekV2Model"}
+
+
+def mode() -> str | None:
+    """The mode asked for, or None; an unknown mode raises (a test asked for something that is not here)."""
+    name = os.environ.get(ENV) or None
+    if name is not None and name not in MODES:
+        raise ValueError(f"{ENV}={name!r}: one of {', '.join(MODES)}")
+    return name
+
+
+def miscapture(cls: type, shift: Callable[[list[int]], list[int]]) -> None:
+    """Make ``cls.forward`` capture ``shift(layers_to_capture)`` while its record stays."""
+    forward = cls.forward
+
+    @functools.wraps(forward)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        configured = self.layers_to_capture
+        if not configured:
+            return forward(self, *args, **kwargs)
+        self.layers_to_capture = shift(list(configured))
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            self.layers_to_capture = configured
+
+    cls.forward = patched
+
+
+def patches() -> dict[str, Callable[[ModuleType], None]]:
+    """The post-import patches for the mode asked for (none without one)."""
+    name = mode()
+    if name is None:
+        return {}
+    return {module: (lambda m, cls=cls: miscapture(getattr(m, cls), MODES[name]))
+            for module, cls in BODIES.items()}

@@ -207,7 +207,8 @@ def test_cli_diagnose_capture_json(
     cap = _write_capture(tmp_path / "bad", heldout, live, 768, profile.hidden_size)
     assert main(["diagnose", str(cap), "--profile", str(profile_path), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"status", "slots", "acceptance", "findings", "root_causes"}
+    assert set(out) == {"status", "slots", "acceptance", "findings", "root_causes", "measured"}
+    assert out["measured"] is None  # statistical: no --target
     assert out["status"] == "miswired"
     assert [r["cause"] for r in out["root_causes"]] == ["features"]  # one cause: the slots carry other layers
     assert [(s["index"], s["expected_source"], s["observed_source"]) for s in out["slots"]] == list(

@@ -287,6 +287,24 @@ def test_a_capture_loop_that_is_not_what_the_engine_records_is_fixed_in_the_engi
     assert "HS_TRACER_IDENTITY_EVERY" in fix
 
 
+def test_a_dump_whose_rows_are_not_what_its_ids_say_is_fixed_where_the_dump_is_described() -> None:
+    """``profile build --target`` measured slot 1 of a dump described as SpecForge ids [1, 3, 4] holding
+    block:4: the profile keeps the measured source, and the fix is the description of the dump (its
+    ids or convention), not the draft or the engine (``training_record_mismatch``)."""
+    from hs_tracer.diagnosis.recompute import training_findings
+    from hs_tracer.diagnosis.same_token import MeasuredSlot
+
+    stated = ["block:1", "block:3", "block:4"]
+    measured = [MeasuredSlot(k, (s,), rows=256, error=0.002, nearest=s, runner_up="block:0",
+                             runner_up_error=0.4) for k, s in enumerate(["block:1", "block:4", "block:4"])]
+    meta = {"layer_ids": [1, 3, 4], "convention": "specforge", "ids_origin": "draft_config"}
+    findings = training_findings(measured, stated, meta)
+    assert [(f.slot, f.expected, f.observed, f.severity) for f in findings] == [
+        (1, "block:3", "block:4", Severity.CRITICAL)]
+    fix = _root(Report(findings=findings), Code.TRAINING_RECORD_MISMATCH)
+    assert "records block:4" in fix and "layer ids or their convention" in fix
+
+
 def test_every_code_has_a_case() -> None:
     """A new finding code needs its fix-advice case here."""
     import sys

@@ -172,6 +172,8 @@ def test_merge_refuses_different_wiring(testbed, specforge_profile: Path, tmp_pa
                 str(testbed.target),
                 "--shard",
                 "0/8",
+                "--measure-sequences",
+                "0",
                 "--no-progress",
             ]
         )

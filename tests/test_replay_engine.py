@@ -167,3 +167,34 @@ def test_diagnose_on_the_capture_agrees_with_the_live_report(engines, diagnosed,
     assert critical == _fed_by_critical(offline)
     assert critical == {s["index"]: {s["observed_source"]} for s in live["slots"]
                         if s["observed_source"] != s["expected_source"]}
+
+
+@pytest.fixture(scope="module")
+def measured(engines, testbed, testbed_profile) -> dict[str, tuple[int, dict[str, Any]]]:
+    """``hs-tracer diagnose CAPTURE --profile P --target T --json`` on each shared engine's capture."""
+    import contextlib
+    import io
+
+    out = {}
+    for name, engine in CAPTURED.items():
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = cli(["diagnose", str(engines[engine].work / "capture"), "--profile", str(testbed_profile),
+                        "--target", str(testbed.target), "--json", "--no-progress"])
+        out[name] = (code, json.loads(buf.getvalue()))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_diagnose_target_measures_what_sglang_fed(engines, measured, name: str) -> None:
+    """The target recomputed by transformers in float32 on the captured requests' tokens names each
+    slot as SGLang's own layers_to_capture fed it: the engine's bf16 rows sit well inside the
+    tolerance of their source and far from every other."""
+    run = engines[CAPTURED[name]]
+    code, doc = measured[name]
+    fed = run.report["wiring"]["sources"]
+    m = doc["measured"]
+    assert [s["sources"] for s in m["slots"]] == [[s] for s in fed]
+    assert all(s["error"] < m["tolerance"] / 2 < s["runner_up_error"] / 2 for s in m["slots"]), m["slots"]
+    assert [s["observed_source"] for s in doc["slots"]] == fed
+    assert code == (0 if name == "correct" else 1)

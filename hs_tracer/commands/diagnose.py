@@ -2,8 +2,9 @@
 
 LIVE is an hs_tracer capture directory or any dump a profile reader accepts (SpecForge, speculators),
 so the same command answers "is this dataset wired like the one the draft was trained on?". An
-hs_tracer capture also holds the engine's record of what it fed (the manifest's ``sources``): it
-decides what the window's statistics cannot, as it does in a running engine.
+hs_tracer capture also holds the engine's record of what it fed (the manifest's ``sources``).
+``--target`` measures instead of inferring: the target is recomputed on LIVE's own tokens and each
+slot's rows are compared with every source of the same tokens, which names the layer each slot holds.
 Exit status (docs/interfaces.md): 0 healthy, 1 critical findings, 2 usage or input errors.
 """
 
@@ -12,6 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+# hs_tracer.profile.token_rows's defaults (importing it here would load torch for every command)
+SEQUENCES = 8
+TOKENS = 512
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", type=Path, required=True, help="reference profile (hs-tracer profile build)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/interfaces.md)")
+    p.add_argument("--target", type=Path, help="the target model dir (config.json + safetensors): recompute "
+                   "it on LIVE's tokens and measure which source each slot's rows equal")
+    p.add_argument("--sequences", type=int, default=SEQUENCES,
+                   help=f"with --target: whole sequences recomputed at most (default {SEQUENCES})")
+    p.add_argument("--tokens", type=int, default=TOKENS,
+                   help=f"with --target: rows compared at most (default {TOKENS})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while recomputing the target")
     p.add_argument("--min-tokens", type=int, default=None, help="tokens needed before deciding (default 256)")
     p.add_argument("--match-safety", type=float, default=None, help="t_match multiplier (default 1.5)")
     p.add_argument("--rho-min", type=float, default=None, help="minimum decisive ratio (default 1.25)")
@@ -72,16 +84,42 @@ def thresholds_from(args: argparse.Namespace):
     return replace(Thresholds(), **changes)
 
 
+def measure_live(args: argparse.Namespace, hidden: int, skip_first: int):
+    """With ``--target``: which source each slot of LIVE holds, measured on its own tokens (None
+    without ``--target``, or when the rows do not split into slots of the profile's hidden size)."""
+    from hs_tracer.diagnosis.live import live_sample
+    from hs_tracer.diagnosis.recompute import measure
+    from hs_tracer.errors import InputError
+    from hs_tracer.profile.target_forward import load_target
+
+    if args.target is None:
+        return None
+    for flag, value in (("--sequences", args.sequences), ("--tokens", args.tokens)):
+        if value < 1:
+            raise InputError(f"{flag} {value}", "needs at least 1", "leave it out for the default")
+    found = live_sample(args.live, hidden, skip_first, sequences=args.sequences, tokens=args.tokens)
+    if found is None:
+        return None
+    target = load_target(args.target)
+    return measure(target, found[0], found[1], progress=False if args.no_progress else None)
+
+
 def run(args: argparse.Namespace) -> int:
     from hs_tracer.diagnosis.identity import diagnose_detailed
     from hs_tracer.diagnosis.live import read_live
+    from hs_tracer.diagnosis.recompute import STATISTICAL
     from hs_tracer.inputs.capture import check_live
+    from hs_tracer.inputs.model_config import check_target
     from hs_tracer.inputs.profile import load_profile
 
     thresholds = thresholds_from(args)
     profile = load_profile(args.profile)
     check_live(args.live, profile, args.profile)
-    live = read_live(args.live, profile.hidden_size, int(profile.meta.get("skip_first_positions", 1)))
+    if args.target is not None:
+        check_target(args.target)
+    skip_first = int(profile.meta.get("skip_first_positions", 1))
+    live = read_live(args.live, profile.hidden_size, skip_first)
+    measurement = measure_live(args, profile.hidden_size, skip_first)
     result = diagnose_detailed(
         live.stats,
         profile,
@@ -97,9 +135,12 @@ def run(args: argparse.Namespace) -> int:
                 if capture_format.is_capture_dir(args.live) else None)
     static, record_matches = recorded_wiring(recorded, profile)
     report = live_report(static, result.report, live.acceptance, profile,
-                         engine_layers_checked=record_matches)
+                         engine_layers_checked=record_matches,
+                         measured=measurement.slots if measurement is not None else None)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        doc = report.to_json()
+        doc["measured"] = measurement.to_json() if measurement is not None else None
+        print(json.dumps(doc, indent=2))
     else:
         print(f"live: {args.live} ({live.producer}), {live.tokens} tokens, width {live.width}")
         if result.calibration is not None:
@@ -110,5 +151,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{c.window_tokens} tokens: same-source distance up to {c.t_match:.3g}, ambiguity ratio "
                 f"{c.rho:.2f}"
             )
+        if measurement is not None:
+            print(measurement.summary())
+        else:
+            print(STATISTICAL if args.target is None else
+                  f"not measured: the rows ({live.width} wide) do not split into slots of the profile's "
+                  f"hidden size {profile.hidden_size}; the width finding says why")
         print(report.human())
     return report.exit_code

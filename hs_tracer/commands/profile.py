@@ -8,6 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hs_tracer.diagnosis.findings import Finding
+    from hs_tracer.diagnosis.recompute import Measurement
+    from hs_tracer.profile.build import Dump
+    from hs_tracer.profile.model import Profile
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="SGLang layer-id rule for sglang_draft_config: llama, deepseek, gpt_oss "
         "(default: from --target's architecture)",
     )
-    b.add_argument("--target", type=Path, help="target model dir or config.json (layer count, hidden, arch)")
+    b.add_argument("--target", type=Path, help="target model dir or config.json (layer count, hidden, arch); "
+                   "a dir with safetensors weights is also recomputed on a sample of the dumped sequences to "
+                   "measure which source each slot holds")
     b.add_argument("--num-layers", type=int, help="target decoder layer count (if no --target)")
     b.add_argument(
         "--shard",
@@ -73,6 +82,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --draft and --target: training sequences the draft runs on to measure its expected "
         "acceptance (default 64; 0: do not measure)",
     )
+    b.add_argument(
+        "--measure-sequences",
+        type=int,
+        default=8,
+        help="with a --target that has weights: dumped sequences the target is recomputed on to measure "
+        "each slot's source (default 8; 0: do not measure). Sharded builds measure in shard 0",
+    )
+    b.add_argument("--measure-tokens", type=int, default=512,
+                   help="rows compared at most by that measurement (default 512)")
     b.add_argument(
         "--no-progress",
         action="store_true",
@@ -217,6 +235,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.resume and build.already_built(args.output, key):
         print(f"{args.output}: already built from the same files and settings; skipped (--resume)")
         return 0
+    measurement = measure_sources(args, dumps, shard, kwargs.get("skip_first", build.DEFAULT_SKIP_FIRST))
     profile = build.build_profile(
         dumps,
         atlas=atlas,
@@ -235,14 +254,83 @@ def run_build(args: argparse.Namespace) -> int:
         profile.meta["expected_acceptance"] = expectation.measure_or_note(
             args.draft, args.target, args.sources, sequences=args.expected_sequences)
     from hs_tracer.diagnosis.calibration import profile_findings
+    from hs_tracer.diagnosis.findings import Severity
 
+    record = record_measurement(profile, measurement) if measurement is not None else []
     findings = profile_findings(profile)  # before writing: nothing is written unless all of it succeeds
     profile.save(args.output)
+    if measurement is not None:
+        print("\n".join(measurement.lines()))
     print(profile.summary())
-    for finding in findings:
+    for finding in [*record, *findings]:
         print("  " + finding.one_line())
+    critical = [f for f in record if f.severity is Severity.CRITICAL]
+    if critical:
+        print(f"the dump's rows hold other sources than its ids say in slot(s) "
+              f"{', '.join(str(f.slot) for f in critical)}: the profile records the measured sources "
+              f"{profile.sources} as the trained sources")
     print(f"wrote {args.output}")
-    return 0
+    return 1 if critical else 0
+
+
+def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[int, int] | None,
+                    skip_first: int) -> Measurement | None:
+    """Recompute the target on a sample of the dumped sequences (every dump's sorted files, the same
+    sample on every machine) and measure each slot's source. None, with one line saying why, where
+    nothing is measured: no --target weights, --measure-sequences 0, a shard other than 0, a target
+    too large for memory or one transformers cannot load, or a dump without whole sequences."""
+    import sys
+
+    from hs_tracer.diagnosis.recompute import measure
+    from hs_tracer.errors import InputError
+    from hs_tracer.profile import token_rows
+    from hs_tracer.profile.target_forward import has_weights, load_target, too_large
+
+    for flag, value, low in (("--measure-sequences", args.measure_sequences, 0),
+                             ("--measure-tokens", args.measure_tokens, 1)):
+        if value < low:
+            raise InputError(f"{flag} {value}", f"needs at least {low}", "leave it out for the default")
+    if args.target is None or args.measure_sequences == 0:
+        return None
+    if not has_weights(args.target):
+        print(f"sources not measured: --target {args.target} has no safetensors weights (config only)",
+              file=sys.stderr)
+        return None
+    if shard is not None and shard[0] != 0:
+        print("sources not measured here: shard 0 measures them for the whole build", file=sys.stderr)
+        return None
+    problem = too_large(args.target)
+    if problem is not None:
+        print(f"sources not measured: --target {args.target}: {problem}", file=sys.stderr)
+        return None
+    owner = {f: d for d in dumps for f in d.reader.files()}
+    sample = token_rows.sample(list(owner), lambda f: owner[f].records(f), sequences=args.measure_sequences,
+                               tokens=args.measure_tokens, skip_first=skip_first)
+    if not sample.sequences:
+        why = ", ".join(f"{n} left out: {reason}" for reason, n in sorted(sample.left_out.items()))
+        print(f"sources not measured: no whole sequence with its token ids in the dump ({why})",
+              file=sys.stderr)
+        return None
+    try:
+        return measure(load_target(args.target), sample, dumps[0].layout.dtype,
+                       progress=False if args.no_progress else None)
+    except InputError as exc:  # e.g. an architecture transformers cannot run; the config gives the depth
+        print(f"sources not measured: {exc}", file=sys.stderr)
+        return None
+
+
+def record_measurement(profile: Profile, measurement: Measurement) -> list[Finding]:
+    """Store the measurement in the profile's provenance (the measured sources become the trained
+    sources, the stated ones are kept beside them) and return what disagrees with the stated ones."""
+    from hs_tracer.diagnosis.recompute import trained_sources, training_findings
+
+    stated = list(profile.meta["sources"])
+    findings = training_findings(measurement.slots, stated, profile.meta)
+    profile.meta["stated_sources"] = stated
+    profile.meta["measured_sources"] = measurement.sources
+    profile.meta["source_measurement"] = measurement.to_json()
+    profile.meta["sources"] = trained_sources(measurement.slots, stated)
+    return findings
 
 
 def run_merge(args: argparse.Namespace) -> int:
@@ -259,8 +347,14 @@ def run_merge(args: argparse.Namespace) -> int:
         raise InputError(f"shards {missing} of {merged.meta['shard_count']} are missing; nothing written")
     merged.save(args.output)
     print(merged.summary())
+    from hs_tracer.diagnosis.findings import Severity
+    from hs_tracer.diagnosis.recompute import recorded_findings
+
+    record = recorded_findings(merged.meta)
+    for finding in record:
+        print("  " + finding.one_line())
     print(f"wrote {args.output}")
-    return 0
+    return 1 if any(f.severity is Severity.CRITICAL for f in record) else 0
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -132,15 +132,11 @@ def training_sequences(root: str | Path, limit: int) -> Iterator[tuple[np.ndarra
             ids = data["input_ids"].reshape(-1)
             yield aux.float().numpy(), ids.numpy().astype(np.int64)
         elif isinstance(reader, readers.SpeculatorsReader):
-            from safetensors import safe_open
-
-            hs, _final = reader.load(file)
-            with safe_open(str(file), framework="pt") as f:
-                if "token_ids" not in set(f.keys()):
-                    return
-                ids = f.get_tensor("token_ids").reshape(-1)
+            hs, _final, ids = reader.load(file)
+            if ids is None:
+                return
             t, layers, _h = hs.shape
-            yield hs[:, : layers - 1].reshape(t, -1).float().numpy(), ids.numpy().astype(np.int64)
+            yield hs[:, : layers - 1].reshape(t, -1).float().numpy(), ids.astype(np.int64)
         else:
             return  # captures are live features, not training data
 

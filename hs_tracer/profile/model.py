@@ -104,6 +104,14 @@ class Profile:
             f" convention, from {m.get('ids_origin')})",
             f"  calibration: {len(self.pieces['keys'])} pieces of {m['piece_tokens']} tokens",
         ]
+        if m.get("source_measurement"):
+            stated = m.get("stated_sources") or m["sources"]
+            pairs = enumerate(zip(m["measured_sources"], stated, strict=True))
+            differ = "; ".join(f"slot {k}: {got} (stated {want})" for k, (got, want) in pairs
+                               if got not in (None, want))
+            done = m["source_measurement"]
+            lines.append(f"  measured on the target: {differ or 'every slot holds its stated source'}"
+                         f" ({done['rows']} rows of {done['sequences']} sequences recomputed)")
         if self.extras is not None:
             lines.append(f"  extra candidates from the data: {', '.join(self.extras.names)}")
         if self.atlas is not None:
@@ -199,6 +207,18 @@ _MERGE_KEYS = (
 )
 
 
+MEASURED_KEYS = ("sources", "stated_sources", "measured_sources", "source_measurement")
+"""What a build that recomputed the target adds (``sources`` becomes the measured trained sources)."""
+
+
+def _merge_value(meta: Mapping[str, Any], key: str) -> Any:
+    """The value two shards must agree on: for ``sources``, what the ids state, since only the shard
+    that measured them holds the measured sources."""
+    if key == "sources" and meta.get("stated_sources") is not None:
+        return meta["stated_sources"]
+    return meta.get(key)
+
+
 def merge_profiles(profiles: Sequence[Profile]) -> Profile:
     """Sum shard profiles into one. Shards must come from the same build settings and be disjoint."""
     if not profiles:
@@ -209,7 +229,7 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
     shards = list(meta.get("shards") or [])
     for p in profiles[1:]:
         for key in _MERGE_KEYS:
-            if p.meta.get(key) != meta.get(key):
+            if _merge_value(p.meta, key) != _merge_value(meta, key):
                 raise ProfileError(
                     f"cannot merge: {key} is {meta.get(key)!r} in one profile and "
                     f"{p.meta.get(key)!r} in another; rebuild them with the same settings"
@@ -230,6 +250,9 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
                                                          p.meta.get("expected_acceptance"))
         if meta.get("atlas"):
             meta["atlas"] = {**meta["atlas"], "tokens": meta["atlas"]["tokens"] + p.meta["atlas"]["tokens"]}
+    measured = next((p.meta for p in profiles if p.meta.get("source_measurement")), None)
+    if measured is not None:  # one shard measured the sources (docs/profiles.md): the merge keeps them
+        meta.update({k: measured[k] for k in MEASURED_KEYS})
     meta["shards"] = sorted(shards)
     meta.pop("build_key", None)  # identifies one shard's build (resume); a merge is not one
     count = meta.get("shard_count")

@@ -28,11 +28,13 @@ class BuildProgress:
         *,
         interval: float = LOG_INTERVAL_S,
         stream: TextIO | None = None,
+        unit: str = "B",
     ) -> None:
         self.stream = stream or sys.stderr
         self.total = max(int(total_bytes), 1)
         self.desc = desc
         self.interval = interval
+        self.unit = unit  # what ``total`` counts: bytes of a build, tokens of a recomputation
         self.done = 0
         self.tokens = 0
         self.start = self._last = time.monotonic()
@@ -40,9 +42,8 @@ class BuildProgress:
         self.mode = "off" if enabled is False else ("bar" if tty else "log")
         self._bar = None
         if self.mode == "bar":
-            self._bar = tqdm(
-                total=self.total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=self.stream
-            )
+            self._bar = tqdm(total=self.total, desc=desc, unit=unit, unit_scale=True,
+                             unit_divisor=1024 if unit == "B" else 1000, file=self.stream)
 
     def update(self, nbytes: int, tokens: int) -> None:
         self.done += nbytes
@@ -69,9 +70,9 @@ class BuildProgress:
         rate = self.done / elapsed
         eta = tqdm.format_interval((self.total - self.done) / rate) if self.done else "?"
         return (
-            f"{self.desc}: {tqdm.format_sizeof(self.done)}B/{tqdm.format_sizeof(self.total)}B "
-            f"({100 * self.done / self.total:.1f} %), {tqdm.format_sizeof(self.tokens)} tokens, "
-            f"{self._rate(self.tokens)} tok/s, {tqdm.format_sizeof(rate)}B/s, "
+            f"{self.desc}: {tqdm.format_sizeof(self.done)}{self.unit}/{tqdm.format_sizeof(self.total)}"
+            f"{self.unit} ({100 * self.done / self.total:.1f} %), {tqdm.format_sizeof(self.tokens)} tokens, "
+            f"{self._rate(self.tokens)} tok/s, {tqdm.format_sizeof(rate)}{self.unit}/s, "
             f"elapsed {tqdm.format_interval(elapsed)}, ETA {eta}"
         )
 

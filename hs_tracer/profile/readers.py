@@ -52,6 +52,8 @@ class Record:
     positions: np.ndarray | None = None  # [T] token positions within their sequence, if known
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [T, H] in the stored dtype
     accept_lengths: np.ndarray | None = None  # captures: accept lengths of the steps in this shard
+    input_ids: np.ndarray | None = None  # [T] token ids of the rows, where the dump keeps them
+    extend_lens: np.ndarray | None = None  # captures: rows per request, in row order
 
 
 @dataclass
@@ -66,6 +68,16 @@ class Layout:
     layers_in_file: int | None = None  # speculators: L
     extras: list[str] = field(default_factory=list)  # extra state names a record carries
     manifest: capture_format.CaptureManifest | None = None
+
+
+def _token_ids(value: object, rows: int) -> np.ndarray | None:
+    """A dump's token ids as int64, or None when it kept none or not one per row (then nothing can be
+    recomputed on them, and nothing else reads them)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.numel() != rows:
+        return None
+    return value.reshape(-1).long().numpy()
 
 
 def _torch_dtype_name(t) -> str:
@@ -163,6 +175,7 @@ class SpecForgeReader(Reader):
             slots=aux.reshape(t, num_slots, hidden),
             positions=np.arange(t),
             extras=extras,
+            input_ids=_token_ids(data.get("input_ids"), t),
         )
 
 
@@ -183,18 +196,20 @@ class SpeculatorsReader(Reader):
 
         try:
             with safe_open(str(file), framework="pt") as f:
+                keys = set(f.keys())
                 hs = f.get_tensor("hidden_states")
-                final = f.get_tensor("final_norm") if "final_norm" in set(f.keys()) else None
+                final = f.get_tensor("final_norm") if "final_norm" in keys else None
+                ids = f.get_tensor("token_ids") if "token_ids" in keys else None
         except Exception as exc:
             raise LayoutError(
                 f"{file}: not a speculators hidden-state file with 'hidden_states' ({exc})"
             ) from exc
         if hs.dim() != 3:
             raise LayoutError(f"{file}: hidden_states must be [T, L, H], got {tuple(hs.shape)}")
-        return hs, final
+        return hs, final, _token_ids(ids, hs.shape[0])
 
     def layout(self) -> Layout:
-        hs, final = self.load(self._files[0])
+        hs, final, _ids = self.load(self._files[0])
         _t, layers, hidden = hs.shape
         return Layout(
             producer=self.producer,
@@ -210,7 +225,7 @@ class SpeculatorsReader(Reader):
         self, file: Path, num_slots: int, hidden: int, layer_index: list[int] | None = None
     ) -> Iterator[Record]:
         """``layer_index``: which file layers form the slots, in slot order (default: the first K)."""
-        hs, final = self.load(file)
+        hs, final, ids = self.load(file)
         t, layers, h = hs.shape
         if h != hidden:
             raise LayoutError(f"{file}: hidden size {h}, expected {hidden}")
@@ -221,7 +236,8 @@ class SpeculatorsReader(Reader):
         if final is not None:
             extras["final_norm"] = final.reshape(t, h)
         slots = hs[:, : len(idx)] if idx == list(range(len(idx))) else hs[:, idx]  # a view when it can
-        yield Record(key=f"{self.rel(file)}:0", slots=slots, positions=np.arange(t), extras=extras)
+        yield Record(key=f"{self.rel(file)}:0", slots=slots, positions=np.arange(t), extras=extras,
+                     input_ids=ids)
 
 
 class CaptureReader(Reader):
@@ -265,6 +281,8 @@ class CaptureReader(Reader):
                 slots=torch.from_numpy(shard.features.reshape(n, num_slots, hidden)),
                 positions=pos,
                 accept_lengths=shard.accept_lengths,
+                input_ids=shard.input_ids if (shard.input_ids >= 0).all() else None,
+                extend_lens=shard.extras.get("extend_lens"),
             )
 
 

@@ -346,6 +346,12 @@ def _ranks() -> tuple[Ranks, bool]:
     return ranks, rank("attn_tp_rank") == 0
 
 
+def _tp_rank() -> int:
+    """This process's TP rank (read when a fault names one: startup hooks can run before
+    :meth:`TracerState.finish_startup` has read the ranks)."""
+    return _ranks()[0].tp
+
+
 def _ranks_before_runtime_context() -> tuple[Ranks, bool]:
     """:func:`_ranks` on releases whose ranks live in ``parallel_state`` / ``dp_attention``;
     their scheduler keeps the replica index in its ``dp_rank`` argument only, so it reads as 0."""
@@ -448,7 +454,7 @@ def guarded(where: str, traceable: bool = True) -> Callable[[F], F]:
             if st is None or not st.enabled:
                 return None
             try:
-                if st.config.fault_inject == where:
+                if st.config.fault_inject is not None and st.config.fault_here(where, _tp_rank):
                     raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
                 fn(st, *args, **kwargs)
             except Exception as exc:  # the tracer must never break serving

@@ -108,6 +108,7 @@ def no_pynccl_on_cpu(module: ModuleType) -> None:
     cls = module.GroupCoordinator
     original = cls.__init__
     signature = inspect.signature(original)
+    off = {name: False for name in ("use_pynccl", "use_custom_allreduce") if name in signature.parameters}
 
     @functools.wraps(original)
     def init(self: object, *args: object, **kwargs: object) -> None:
@@ -115,7 +116,7 @@ def no_pynccl_on_cpu(module: ModuleType) -> None:
 
         if is_cpu():
             bound = signature.bind(self, *args, **kwargs)
-            bound.arguments.update(use_pynccl=False, use_custom_allreduce=False)
+            bound.arguments.update(off)
             args, kwargs = bound.args[1:], bound.kwargs
         original(self, *args, **kwargs)
 

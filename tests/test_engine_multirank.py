@@ -115,13 +115,15 @@ def test_dp_attention_each_rank_emits_with_its_labels_and_port(engines) -> None:
     run = engines["dp_attention"]
     ranks = by_tp(run.workloads["lossless"]["schedulers"])
     assert sorted(ranks) == [0, 1]
+    expected: dict[int, set[tuple[str, str, str, str]]] = {}
     for tp, rep in ranks.items():
         assert rep["enabled"] is True and rep["emitting"] is True
-        assert rep["ranks"] == {"tp": tp, "pp": 0, "dp": 0, "attn_dp": tp}
+        r = rep["ranks"]
+        assert (r["tp"], r["pp"], r["attn_dp"]) == (tp, 0, tp)
+        expected[tp + 64 * r["dp"]] = {(str(tp), "0", str(r["dp"]), str(tp))}  # base + tp + 64 dp
     ports = served(run, "lossless")
-    assert labels_served(ports[0]) == {("0", "0", "0", "0")}
-    assert labels_served(ports[1]) == {("1", "0", "0", "1")}
-    assert ports[64] is None and ports[65] is None
+    assert len(expected) == 2  # two ports
+    assert {port: labels_served(text) for port, text in ports.items() if text is not None} == expected
 
 
 def test_dp_attention_each_rank_diagnoses_its_own_requests(engines, testbed) -> None:
@@ -129,8 +131,8 @@ def test_dp_attention_each_rank_diagnoses_its_own_requests(engines, testbed) -> 
 
     run = engines["dp_attention"]
     meta = run.meta("lossless")
-    for tp, rep in by_tp(run.workloads["lossless"]["schedulers"]).items():
-        assert_acceptance_is_sglangs(rep, [m for m in meta if m["dp_rank"] == tp])
+    for rep in run.workloads["lossless"]["schedulers"]:
+        assert_acceptance_is_sglangs(rep, [m for m in meta if m["dp_rank"] == rep["ranks"]["attn_dp"]])
     for tp, rep in by_tp(run.schedulers).items():
         d = rep["diagnosis"]
         assert d["status"] == "ok", (tp, d["findings"])
@@ -165,5 +167,5 @@ def test_fault_on_one_rank_turns_off_that_rank_only(engines) -> None:
     assert hook in ranks[1]["disabled_reason"]
     assert ranks[0]["enabled"] is True and ranks[0]["hook_errors"] == 0
     assert ranks[0]["disabled_reason"] is None
-    assert_acceptance_is_sglangs(ranks[0], [m for m in meta if m["dp_rank"] == 0])
+    assert_acceptance_is_sglangs(ranks[0], [m for m in meta if m["dp_rank"] == ranks[0]["ranks"]["attn_dp"]])
     assert ranks[0]["diagnosis"]["status"] == "ok", ranks[0]["diagnosis"]["findings"]

@@ -134,3 +134,16 @@ def test_plain_engine_matches_transformers_greedy(engines, testbed) -> None:
     ids = run.workloads["transformers"]["prompts"]
     hf_target = load_target(testbed.target)
     assert run.output_ids("transformers") == [greedy_tokens(hf_target, p, 12) for p in ids]
+
+
+def test_a_multi_rank_engine_gets_one_core_binding_per_rank() -> None:
+    """SGLang refuses more CPU ranks than NUMA nodes unless each rank's cores are listed; attention DP
+    runs inside the TP ranks, so it adds no process."""
+    from hs_tracer_testbed.runtime.launcher import rank_env
+
+    assert rank_env({}) == {}
+    dp_attention = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    for overrides, ranks in (({"tp_size": 2}, 2), (dp_attention, 2), ({"tp_size": 2, "dp_size": 2}, 4)):
+        env = rank_env(overrides)
+        assert len(env["SGLANG_CPU_OMP_THREADS_BIND"].split("|")) == ranks
+        assert env["OMP_NUM_THREADS"] == "1"

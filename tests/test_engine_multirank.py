@@ -55,6 +55,8 @@ def served(run: EngineResult, workload: str) -> dict[int, str | None]:
     return {port - base: text for port, text in ports.items()}
 
 
+# SGLang's ``meta_info["dp_rank"]`` is the serving scheduler's ``get_parallel().dp_rank``, the value
+# hs_tracer reports as ``ranks.dp``: the requests of one rank are those carrying its ``dp``.
 def sglang_accept(meta: list[dict[str, Any]]) -> tuple[int, float]:
     """(verify steps, mean accept length) from SGLang's own per-request counters."""
     verify = sum(m["spec_verify_ct"] for m in meta)
@@ -132,7 +134,7 @@ def test_dp_attention_each_rank_diagnoses_its_own_requests(engines, testbed) -> 
     run = engines["dp_attention"]
     meta = run.meta("lossless")
     for rep in run.workloads["lossless"]["schedulers"]:
-        assert_acceptance_is_sglangs(rep, [m for m in meta if m["dp_rank"] == rep["ranks"]["attn_dp"]])
+        assert_acceptance_is_sglangs(rep, [m for m in meta if m["dp_rank"] == rep["ranks"]["dp"]])
     for tp, rep in by_tp(run.schedulers).items():
         d = rep["diagnosis"]
         assert d["status"] == "ok", (tp, d["findings"])
@@ -167,5 +169,5 @@ def test_fault_on_one_rank_turns_off_that_rank_only(engines) -> None:
     assert hook in ranks[1]["disabled_reason"]
     assert ranks[0]["enabled"] is True and ranks[0]["hook_errors"] == 0
     assert ranks[0]["disabled_reason"] is None
-    assert_acceptance_is_sglangs(ranks[0], [m for m in meta if m["dp_rank"] == ranks[0]["ranks"]["attn_dp"]])
+    assert_acceptance_is_sglangs(ranks[0], [m for m in meta if m["dp_rank"] == ranks[0]["ranks"]["dp"]])
     assert ranks[0]["diagnosis"]["status"] == "ok", ranks[0]["diagnosis"]["findings"]

@@ -162,7 +162,7 @@ FAULT_ONE_RANK = "EagleDraftWorker._draft_extend_for_decode@tp1"
 ENGINES.update({
     "tp2": EngineSpec("testbed", ("lossless", "diagnosis"), parallel=TP2, rank_ports=True),
     "dp_attention": EngineSpec("testbed", ("lossless", "diagnosis"), parallel=DP_ATTENTION, rank_ports=True),
-    "dp_attention:ids_shifted": EngineSpec("ids_shifted", ("diagnosis",), parallel=DP_ATTENTION),
+    "dp_attention:ids_shifted": EngineSpec("ids_shifted", ("diagnosis", "lossless"), parallel=DP_ATTENTION),
     "dp_attention:fault": EngineSpec("testbed", ("lossless",), parallel=DP_ATTENTION, **_TREE,
                                      env=(("HS_TRACER_FAULT_INJECT", FAULT_ONE_RANK),)),
 })

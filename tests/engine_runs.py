@@ -163,7 +163,8 @@ ENGINES.update({
     "tp2": EngineSpec("testbed", ("lossless", "diagnosis"), parallel=TP2, rank_ports=True),
     "dp_attention": EngineSpec("testbed", ("lossless", "diagnosis"), parallel=DP_ATTENTION, rank_ports=True),
     "dp_attention:ids_shifted": EngineSpec("ids_shifted", ("diagnosis", "lossless"), parallel=DP_ATTENTION),
-    "dp_attention:fault": EngineSpec("testbed", ("lossless",), parallel=DP_ATTENTION, **_TREE,
+    "tp2:tree": EngineSpec("testbed", ("lossless",), parallel=TP2, **_TREE),
+    "dp_attention:fault": EngineSpec("testbed", ("lossless",), parallel=DP_ATTENTION,
                                      env=(("HS_TRACER_FAULT_INJECT", FAULT_ONE_RANK),)),
 })
 if OLDER_RELEASE:  # tests/test_release_engine.py: each EAGLE-3 worker traced, and the layer-id rule

@@ -2,8 +2,8 @@
 
 SGLang runs tensor parallelism on the CPU over gloo (plain ``torch.distributed`` collectives; the
 testbed builds the process groups without pynccl, docs/testbed.md). The engines are the suite's
-shared ones (tests/engine_runs.py: ``tp2``, ``dp_attention``, ``dp_attention:ids_shifted``,
-``dp_attention:fault``); the tests read what each generated, what each scheduler reported and what
+shared ones (tests/engine_runs.py: ``tp2``, ``tp2:tree``, ``dp_attention``,
+``dp_attention:ids_shifted``, ``dp_attention:fault``); the tests read what each generated, what each scheduler reported and what
 each rank's ``/metrics`` port served:
 
 * TP 2, EAGLE-3 chain: greedy output equal to plain TP 1 decoding; only attention-TP rank 0 emits,
@@ -12,7 +12,8 @@ each rank's ``/metrics`` port served:
   diagnoses its own requests (``ok`` for the configured draft, the embedding in slot 0 for the
   ``ids_shifted`` copy), each rank's accept length equal to SGLang's counters of the requests that
   rank served;
-* a fault in one rank's per-step hook (``HS_TRACER_FAULT_INJECT=<hook>@tp1``, a tree draft):
+* TP 2, EAGLE-3 tree (topk 2): lossless, accept length SGLang's;
+* a fault in one rank's per-step hook (``HS_TRACER_FAULT_INJECT=<hook>@tp1``):
   tracing off on that rank only, serving unchanged, the other rank's records intact.
 
 What only a GPU run shows (NCCL, CUDA graphs per rank, the in-graph fingerprint under TP):
@@ -106,6 +107,14 @@ def test_tp2_diagnosis_ok_and_accept_length_is_sglangs(engines, testbed) -> None
     assert [s["observed_source"] for s in d["slots"]] == trained_sources(testbed)
 
 
+def test_tp2_tree_is_lossless_and_its_accept_length_is_sglangs(engines) -> None:
+    run = engines["tp2:tree"]
+    assert run.output_ids("lossless") == engines["plain"].output_ids("lossless")
+    ranks = by_tp(run.schedulers)
+    assert [ranks[tp]["emitting"] for tp in (0, 1)] == [True, False]
+    assert_acceptance_is_sglangs(ranks[0], run.meta("lossless"))
+
+
 # ---- attention DP 2 --------------------------------------------------------------------------------
 def test_dp_attention_chain_is_lossless(engines) -> None:
     run = engines["dp_attention"]
@@ -160,7 +169,7 @@ def test_dp_attention_each_rank_names_the_shifted_ids(engines, testbed) -> None:
 # ---- a fault on one rank ---------------------------------------------------------------------------
 def test_fault_on_one_rank_turns_off_that_rank_only(engines) -> None:
     run = engines["dp_attention:fault"]
-    assert run.output_ids("lossless") == engines["plain"].output_ids("lossless")  # serving unchanged (tree)
+    assert run.output_ids("lossless") == engines["plain"].output_ids("lossless")  # serving unchanged
     meta = run.meta("lossless")
     assert all(m["spec_verify_ct"] > 0 for m in meta)
     ranks = by_tp(run.schedulers)

@@ -3,8 +3,8 @@
 SGLang runs tensor parallelism on the CPU over gloo (plain ``torch.distributed`` collectives; the
 testbed builds the process groups without pynccl, docs/testbed.md). The engines are the suite's
 shared ones (tests/engine_runs.py: ``tp2``, ``tp2:tree``, ``dp_attention``,
-``dp_attention:ids_shifted``, ``dp_attention:fault``); the tests read what each generated, what each scheduler reported and what
-each rank's ``/metrics`` port served:
+``dp_attention:ids_shifted``, ``dp_attention:fault``); the tests read what each generated, what
+each scheduler reported and what each rank's ``/metrics`` port served:
 
 * TP 2, EAGLE-3 chain: greedy output equal to plain TP 1 decoding; only attention-TP rank 0 emits,
   on its own port with its own labels; its diagnosis ``ok``; its accept length SGLang's own;

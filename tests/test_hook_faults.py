@@ -108,14 +108,15 @@ def test_a_fault_naming_a_tp_rank_fires_on_that_rank_only(registry, monkeypatch,
     """``HS_TRACER_FAULT_INJECT=<hook>@tp1``: the scheduler of TP rank 1 faults, every other rank traces
     on (tests/test_engine_multirank.py runs it on a real two-rank engine)."""
     from hs_tracer.config import load
+    from hs_tracer.records import Ranks
 
     where = "EagleDraftWorker._draft_extend_for_decode"
     target, hook, hook_type = WHERE[where]
     owner = pkgutil.resolve_name(target.rsplit(".", 1)[0])
     cfg, errors = load({"HS_TRACER_FAULT_INJECT": f"{where}@tp1"})
     assert errors == [] and (cfg.fault_inject, cfg.fault_tp_rank) == (where, 1)
-    monkeypatch.setattr(state, "_tp_rank", lambda: tp_rank)
     st = state.install(cfg)
+    monkeypatch.setattr(st, "ranks", Ranks(tp=tp_rank))
     HookRegistry.register(target, lambda *a, **k: None, HookType.REPLACE)
     HookRegistry.register(target, hook, hook_type)
     HookRegistry.apply_hooks()

@@ -91,6 +91,12 @@ class TracerState:
         return len(self.handoff_widths)
 
     # ---- failure -----------------------------------------------------------------------------------
+    def tp_rank(self) -> int:
+        """This process's TP rank, for a fault that names one: the ranks read at startup (SGLang's
+        runtime context read later, inside a step, can be another scope's), or read now by a
+        startup hook that runs before they are."""
+        return (self.ranks or _ranks()[0]).tp
+
     def fail(self, where: str, exc: BaseException) -> None:
         """Record a hook error and switch tracing off for the rest of this process's life."""
         with self._lock:
@@ -346,12 +352,6 @@ def _ranks() -> tuple[Ranks, bool]:
     return ranks, rank("attn_tp_rank") == 0
 
 
-def _tp_rank() -> int:
-    """This process's TP rank (read when a fault names one: startup hooks can run before
-    :meth:`TracerState.finish_startup` has read the ranks)."""
-    return _ranks()[0].tp
-
-
 def _ranks_before_runtime_context() -> tuple[Ranks, bool]:
     """:func:`_ranks` on releases whose ranks live in ``parallel_state`` / ``dp_attention``;
     their scheduler keeps the replica index in its ``dp_rank`` argument only, so it reads as 0."""
@@ -454,7 +454,7 @@ def guarded(where: str, traceable: bool = True) -> Callable[[F], F]:
             if st is None or not st.enabled:
                 return None
             try:
-                if st.config.fault_inject is not None and st.config.fault_here(where, _tp_rank):
+                if st.config.fault_inject is not None and st.config.fault_here(where, st.tp_rank):
                     raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
                 fn(st, *args, **kwargs)
             except Exception as exc:  # the tracer must never break serving

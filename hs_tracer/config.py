@@ -7,7 +7,7 @@ the plugin logs them in one line and stays off. The variables are documented in 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,12 @@ class TracerConfig:
     in_graph: bool = True  # HS_TRACER_IN_GRAPH: record the fingerprint kernel into the target's CUDA graphs
     identity_every: int = 32  # HS_TRACER_IDENTITY_EVERY: 1 in N prefill forwards measures identity; 0 off
     fault_inject: str | None = None  # HS_TRACER_FAULT_INJECT: raise inside this hook (fail-safe tests)
+    fault_tp_rank: int | None = None  # HS_TRACER_FAULT_INJECT=<hook>@tp<N>: only the scheduler of TP rank N
+
+    def fault_here(self, where: str, tp_rank: Callable[[], int]) -> bool:
+        """Whether a fault is injected into ``where`` in this process; ``tp_rank`` is asked only when
+        the fault names a rank (a multi-rank test faults one rank and reads the others intact)."""
+        return self.fault_inject == where and (self.fault_tp_rank is None or self.fault_tp_rank == tp_rank())
 
 
 def _fraction(name: str, raw: str) -> float:
@@ -87,6 +93,15 @@ def _switch(name: str, raw: str) -> bool:
     return value in TRUE_VALUES
 
 
+def _fault(name: str, raw: str) -> tuple[str, int | None]:
+    hook, sep, rank = raw.partition("@")
+    if not sep:
+        return raw, None
+    if not (rank.startswith("tp") and rank[2:].isdigit()):
+        raise ValueError(f"{name}={raw!r}: after '@' give the TP rank that faults, e.g. {hook}@tp1")
+    return hook, int(rank[2:])
+
+
 def _log_level(name: str, raw: str) -> str:
     level = raw.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -109,7 +124,7 @@ _PARSERS = {
     "HS_TRACER_EXPORT": ("export", _export),
     "HS_TRACER_IN_GRAPH": ("in_graph", _switch),
     "HS_TRACER_IDENTITY_EVERY": ("identity_every", _int_in(0, 1 << 20)),
-    "HS_TRACER_FAULT_INJECT": ("fault_inject", lambda _n, raw: raw),
+    "HS_TRACER_FAULT_INJECT": (("fault_inject", "fault_tp_rank"), _fault),
 }
 
 
@@ -125,7 +140,11 @@ def load(environ: Mapping[str, str] = os.environ) -> tuple[TracerConfig, list[st
         if raw is None or raw == "":
             continue
         try:
-            values[field_name] = parse(name, raw)
+            value = parse(name, raw)
+            if isinstance(field_name, tuple):  # one variable, several fields
+                values.update(zip(field_name, value, strict=True))
+            else:
+                values[field_name] = value
         except ValueError as exc:
             msg = str(exc)
             errors.append(msg if name in msg else f"{name}={raw!r}: {msg}")

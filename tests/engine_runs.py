@@ -99,6 +99,11 @@ class EngineSpec:
     scraped: bool = False  # a real Prometheus scrapes it and a real OTLP receiver gets its spans
     env: tuple[tuple[str, str], ...] = ()
     linger_s: float = 0.0  # stay up after the last workload (a few more scrapes)
+    # sgl.Engine arguments of a multi-rank engine, e.g. (("tp_size", 2),) (tests/test_engine_multirank.py)
+    parallel: tuple[tuple[str, Any], ...] = ()
+    # hs_tracer's own /metrics on a free base port; after each workload the engine process reads the
+    # port of every TP rank 0-1 and DP replica 0-1 (``None`` where nothing serves)
+    rank_ports: bool = False
 
 
 # The installed SGLang release's family (docs/versions.md): an older release (a layer venv beside
@@ -149,6 +154,19 @@ ENGINES: dict[str, EngineSpec] = {
                                    **{k: v for k, v in shape.items() if k != "env"})
        for kind, (where, shape) in FAULT_ENGINES.items()},
 }
+# Multi-rank serving on the CPU (tests/test_engine_multirank.py): TP 2 over gloo, and attention DP 2
+# inside it; the fault names one TP rank (HS_TRACER_FAULT_INJECT=<hook>@tp<N>).
+TP2 = (("tp_size", 2),)
+DP_ATTENTION = (("tp_size", 2), ("dp_size", 2), ("enable_dp_attention", True))
+FAULT_ONE_RANK = "EagleDraftWorker._draft_extend_for_decode@tp1"
+ENGINES.update({
+    "tp2": EngineSpec("testbed", ("lossless", "diagnosis"), parallel=TP2, rank_ports=True),
+    "dp_attention": EngineSpec("testbed", ("lossless", "diagnosis"), parallel=DP_ATTENTION, rank_ports=True),
+    "dp_attention:ids_shifted": EngineSpec("ids_shifted", ("diagnosis", "lossless"), parallel=DP_ATTENTION),
+    "tp2:tree": EngineSpec("testbed", ("lossless",), parallel=TP2, **_TREE),
+    "dp_attention:fault": EngineSpec("testbed", ("lossless",), parallel=DP_ATTENTION,
+                                     env=(("HS_TRACER_FAULT_INJECT", FAULT_ONE_RANK),)),
+})
 if OLDER_RELEASE:  # tests/test_release_engine.py: each EAGLE-3 worker traced, and the layer-id rule
     ENGINES.update({f"correct:{worker}": EngineSpec("testbed", ("lossless", "diagnosis"),
                                                     env=tuple(FAMILY.worker_env.get(worker, {}).items()))
@@ -266,11 +284,19 @@ class Engines:
                 env.update(HS_TRACER_METRICS_PORT=str(self.ports[name]), HS_TRACER_SPAN_SAMPLE="1",
                            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=otlp.endpoint, OTEL_BSP_SCHEDULE_DELAY="200")
         env.update(spec.env)
+        ports: list[int] = []
+        if spec.rank_ports:
+            from tests.infra.net import free_port
+
+            base = next(p for p in iter(free_port, None) if p < 65000)  # room for the ranks' ports above
+            env["HS_TRACER_METRICS_PORT"] = str(base)
+            ports = [base + tp + 64 * dp for dp in (0, 1) for tp in (0, 1)]
         draft = self._draft(spec.draft, work)
         job = {"target": str(self.testbed.target), "draft": str(draft) if draft else None,
                "engine": {"spec_steps": spec.spec_steps, "topk": spec.topk,
                           "num_draft_tokens": spec.num_draft_tokens},
-               "env": env, "traced": spec.traced, "linger_s": spec.linger_s, "work": str(work),
+               "parallel": dict(spec.parallel), "env": env, "traced": spec.traced,
+               "linger_s": spec.linger_s, "work": str(work), "metrics_ports": ports,
                "workloads": [workload(w).to_json() for w in spec.workloads]}
         (work / "job.json").write_text(json.dumps(job))
         proc = subprocess.run([sys.executable, "-m", "tests.engine_runs", str(work / "job.json")],
@@ -308,6 +334,17 @@ def count_starts(log: Path) -> dict[str, int]:
 
 
 # ---- the engine process ----------------------------------------------------------------------------
+def _scrape(port: int) -> str | None:
+    """hs_tracer's ``/metrics`` text on ``port`` of this machine, or ``None`` where nothing serves."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+    except OSError:
+        return None
+
+
 def _serve(job: dict[str, Any]) -> dict[str, Any]:
     from hs_tracer_testbed.demo import output_to, read_reports, settled_reports
     from hs_tracer_testbed.runtime.launcher import engine
@@ -316,6 +353,7 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
     os.chdir(work)  # anything written relative to the working directory lands in the engine's work dir
     report_dir = Path(job["env"].get("HS_TRACER_REPORT_DIR", work / "reports"))
     shape = {k: v for k, v in job["engine"].items() if v is not None} if job["draft"] else {}
+    shape.update(job.get("parallel", {}))
     workloads: dict[str, dict[str, Any]] = {}
     verified = 0  # request-steps SGLang counted over the workloads so far (the report is cumulative)
     with output_to(work / "engine.log"), engine(job["target"], job["draft"], env=job["env"], **shape) as eng:
@@ -330,7 +368,8 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
                 "prompts": wl["prompts"], "outputs": [o["text"] for o in outs],
                 "output_ids": [list(o["output_ids"]) for o in outs],
                 "meta": [o["meta_info"] for o in outs],
-                "schedulers": reports}
+                "schedulers": reports,
+                "metrics": {str(port): _scrape(port) for port in job.get("metrics_ports", [])}}
         time.sleep(job["linger_s"])
         schedulers = settled_reports(report_dir, verified) if job["traced"] else read_reports(report_dir)
     return {"workloads": workloads, "schedulers": schedulers, "pid": os.getpid()}

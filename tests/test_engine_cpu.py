@@ -77,6 +77,7 @@ PATCHED_SGLANG = """
     from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
     from sglang.srt.runtime_context import get_platform
     from sglang.srt.utils.common import cpu_has_amx_support, is_cpu
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
     try:
         sgl_kernel.fused_experts_cpu(torch.zeros(1))
         error = None
@@ -91,6 +92,7 @@ PATCHED_SGLANG = """
         "stand_in": getattr(sgl_kernel, "HS_TRACER_TESTBED_STAND_IN", False),
         "decode_op": sgl_kernel.decode_attention_cpu is torch.ops.sgl_kernel.decode_attention_cpu,
         "error": error,
+        "groups_wrapped": hasattr(GroupCoordinator.__init__, "__wrapped__"),
     }))
 """
 
@@ -103,6 +105,7 @@ def test_runtime_patches_act_on_real_sglang_and_keep_layers_native() -> None:
     assert result["cpu_has_amx_support"] is False, "ordinary layers must stay on forward_native"
     assert result["stand_in"] is True and result["decode_op"] is True
     assert result["error"] is not None and "sgl_kernel.fused_experts_cpu" in result["error"]
+    assert result["groups_wrapped"] is True  # process groups built without pynccl on the CPU
 
 
 RELEASE_PATCHES = """
@@ -134,3 +137,16 @@ def test_plain_engine_matches_transformers_greedy(engines, testbed) -> None:
     ids = run.workloads["transformers"]["prompts"]
     hf_target = load_target(testbed.target)
     assert run.output_ids("transformers") == [greedy_tokens(hf_target, p, 12) for p in ids]
+
+
+def test_a_multi_rank_engine_gets_one_core_binding_per_rank() -> None:
+    """SGLang refuses more CPU ranks than NUMA nodes unless each rank's cores are listed; attention DP
+    runs inside the TP ranks, so it adds no process."""
+    from hs_tracer_testbed.runtime.launcher import rank_env
+
+    assert rank_env({}) == {}
+    dp_attention = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    for overrides, ranks in (({"tp_size": 2}, 2), (dp_attention, 2), ({"tp_size": 2, "dp_size": 2}, 4)):
+        env = rank_env(overrides)
+        assert len(env["SGLANG_CPU_OMP_THREADS_BIND"].split("|")) == ranks
+        assert env["OMP_NUM_THREADS"] == "1"

@@ -101,3 +101,35 @@ def test_every_hook_is_faulted_and_each_kind_runs_on_the_engine() -> None:
         assert set(wheres) == {"startup", "per-step before", "per-step after"}
     else:
         assert wheres["recorder"] == "recorder"
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_a_fault_naming_a_tp_rank_fires_on_that_rank_only(registry, monkeypatch, tp_rank: int) -> None:
+    """``HS_TRACER_FAULT_INJECT=<hook>@tp1``: the scheduler of TP rank 1 faults, every other rank traces
+    on (tests/test_engine_multirank.py runs it on a real two-rank engine)."""
+    from hs_tracer.config import load
+    from hs_tracer.records import Ranks
+
+    where = "EagleDraftWorker._draft_extend_for_decode"
+    target, hook, hook_type = WHERE[where]
+    owner = pkgutil.resolve_name(target.rsplit(".", 1)[0])
+    cfg, errors = load({"HS_TRACER_FAULT_INJECT": f"{where}@tp1"})
+    assert errors == [] and (cfg.fault_inject, cfg.fault_tp_rank) == (where, 1)
+    st = state.install(cfg)
+    monkeypatch.setattr(st, "ranks", Ranks(tp=tp_rank))
+    HookRegistry.register(target, lambda *a, **k: None, HookType.REPLACE)
+    HookRegistry.register(target, hook, hook_type)
+    HookRegistry.apply_hooks()
+    # the hook body itself fails on these stand-in arguments once it runs, so a rank that is not
+    # faulted still switches off, but naming the body's own error, not the injected fault
+    getattr(owner, target.rsplit(".", 1)[1])(SimpleNamespace(), SimpleNamespace(), SimpleNamespace())
+    injected = st.disabled_reason is not None and "fault injected" in st.disabled_reason
+    assert injected is (tp_rank == 1)
+
+
+@pytest.mark.parametrize("raw", ["recorder@1", "recorder@rank1", "recorder@tp"])
+def test_a_fault_with_a_malformed_rank_is_refused(raw: str) -> None:
+    from hs_tracer.config import load
+
+    _cfg, errors = load({"HS_TRACER_FAULT_INJECT": raw})
+    assert len(errors) == 1 and "HS_TRACER_FAULT_INJECT" in errors[0]

@@ -213,7 +213,9 @@ class Recorder(threading.Thread):
 
     def _setup(self) -> None:
         st = self.st
-        if st.config.fault_inject == "recorder":
+        faulted = st.config.fault_inject is not None and \
+            st.config.fault_here("recorder", lambda: st.ranks.tp if st.ranks else 0)
+        if faulted:
             raise RuntimeError("fault injected by HS_TRACER_FAULT_INJECT=recorder")
         setup = export_setup(st, self._probe())
         if self.mode == "process":

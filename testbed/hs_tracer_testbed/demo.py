@@ -74,10 +74,10 @@ def read_reports(report_dir: Path) -> list[dict[str, Any]]:
 
 def settled_reports(report_dir: Path, steps: int | None = None) -> list[dict[str, Any]]:
     """Wait until the recorder has caught up, then read the reports: they stopped changing and, with
-    ``steps`` (the request-steps the engine itself counted), a report's acceptance counts that many
-    or tracing is off. Why both: a diagnosis of a real model's window can take longer than the
-    settling time, and the report holds still while the last steps are being judged. After 60 s,
-    whatever is there."""
+    ``steps`` (the request-steps the engine itself counted), the reports' acceptance counts that
+    many together (each attention-DP rank verifies its own requests) or tracing is off in one of
+    them. Why both: a diagnosis of a real model's window can take longer than the settling time, and
+    the report holds still while the last steps are being judged. After 60 s, whatever is there."""
     last, stable_since = None, time.monotonic()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -86,7 +86,9 @@ def settled_reports(report_dir: Path, steps: int | None = None) -> list[dict[str
             last, stable_since = snapshot, time.monotonic()
         elif snapshot and time.monotonic() - stable_since >= SETTLE_S:
             reports = read_reports(report_dir)
-            if not steps or any(not r.get("enabled", True) or _acceptance_steps(r) >= steps for r in reports):
+            # with attention DP each emitting rank verifies its own share of the requests
+            off = any(not r.get("enabled", True) for r in reports)
+            if not steps or off or sum(map(_acceptance_steps, reports)) >= steps:
                 return reports
         time.sleep(0.25)
     return read_reports(report_dir)

@@ -98,6 +98,12 @@ class TracerState:
         return len(self.handoff_widths)
 
     # ---- failure -----------------------------------------------------------------------------------
+    def tp_rank(self) -> int:
+        """This process's TP rank, for a fault that names one: the ranks read at startup (SGLang's
+        runtime context read later, inside a step, can be another scope's), or read now by a
+        startup hook that runs before they are."""
+        return (self.ranks or _ranks()[0]).tp
+
     def fail(self, where: str, exc: BaseException) -> None:
         """Record a hook error and switch tracing off for the rest of this process's life."""
         with self._lock:
@@ -456,7 +462,7 @@ def guarded(where: str, traceable: bool = True) -> Callable[[F], F]:
             if st is None or not st.enabled:
                 return None
             try:
-                if st.config.fault_inject == where:
+                if st.config.fault_inject is not None and st.config.fault_here(where, st.tp_rank):
                     raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
                 fn(st, *args, **kwargs)
             except Exception as exc:  # the tracer must never break serving

@@ -218,7 +218,7 @@ def guarded(where: str) -> Callable[[F], F]:
             if st is None or not st.enabled:
                 return None
             try:
-                if st.config.fault_inject == where:
+                if st.config.fault_inject is not None and st.config.fault_here(where, lambda: _ranks()[0].tp):
                     raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
                 fn(st, *args, **kwargs)
             except Exception as exc:  # the tracer must never break serving

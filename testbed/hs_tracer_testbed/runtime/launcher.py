@@ -70,6 +70,24 @@ def runtime_env() -> dict[str, str]:
     }
 
 
+def rank_env(overrides: Mapping[str, Any]) -> dict[str, str]:
+    """The environment an engine of more than one rank needs on the CPU (none for one rank).
+
+    SGLang binds each CPU rank to the cores of a NUMA node of its own and refuses more ranks than
+    nodes unless ``SGLANG_CPU_OMP_THREADS_BIND`` lists the cores of each rank; this machine's cores
+    are dealt out to the ranks in turn. ``OMP_NUM_THREADS=1``: each rank computes on one thread, so
+    two ranks on two cores do not fight over them.
+    """
+    ranks = int(overrides.get("tp_size", 1)) * int(overrides.get("pp_size", 1))
+    if not overrides.get("enable_dp_attention"):
+        ranks *= int(overrides.get("dp_size", 1))
+    if ranks == 1:
+        return {}
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(cores[i % len(cores)]) for i in range(ranks)),
+            "OMP_NUM_THREADS": "1"}
+
+
 def prepare_process(env: Mapping[str, str] | None = None) -> None:
     """Make this process (and the processes it spawns from now on) a testbed runtime: set the env
     (plus ``env``), put the ``sgl_kernel`` stand-in on ``sys.path`` and install the patches.
@@ -153,7 +171,8 @@ def start_engine(
     """
     from hs_tracer.inputs.env import require_valid
 
-    require_valid({**os.environ, **(env or {})})  # a bad HS_TRACER_* setting: one line, no engine
+    env = {**rank_env(overrides), **(env or {})}
+    require_valid({**os.environ, **env})  # a bad HS_TRACER_* setting: one line, no engine
     prepare_process(env)
     import sglang as sgl
 
@@ -178,7 +197,8 @@ def engine(
     """Context manager around :func:`start_engine` (same arguments): shuts the engine down on exit
     and restores the ``env`` extras (the runtime env itself stays, since SGLang in this process
     depends on it)."""
-    saved = {key: os.environ.get(key) for key in env or {}}
+    env = {**rank_env(kwargs), **(env or {})}
+    saved = {key: os.environ.get(key) for key in env}
     eng = start_engine(target, draft, env=env, **kwargs)
     try:
         yield eng

@@ -20,6 +20,12 @@ once if it is already imported, so installing them costs nothing at interpreter 
   same fallback sits in its post-processing step, which asks ``cpu_has_amx_support()``; there (only
   in that module, whose other readers pick gpt-oss and MoE-runner backends the testbed's models do
   not use) it answers True, so ``intel_amx`` stays.
+* ``sglang.srt.distributed.parallel_state``: with more than one rank (``tp_size`` 2) SGLang builds
+  every process group with pynccl on (it does so for every in-tree platform, CPU included); where
+  the installed torch carries ``libnccl.so.2`` (a CUDA build) ``PyNcclCommunicator`` then raises
+  ``Expected a cuda device, but got: cpu`` while the groups are built. On the CPU the groups are
+  built with pynccl off, so collectives run through ``torch.distributed`` over gloo (what SGLang
+  does on a CPU without AMX anyway).
 * ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
@@ -43,6 +49,7 @@ from types import ModuleType
 HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
 RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
 KIMI_DRAFT_MODULE = "sglang.srt.models.kimi_k25_eagle3"
+PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
 MLA_BACKENDS = ("torch_native", "intel_amx")
 
 
@@ -98,11 +105,33 @@ def cpu_embed_sharing(module: ModuleType) -> None:
         setattr(cls, name, wrapper)
 
 
+def no_pynccl_on_cpu(module: ModuleType) -> None:
+    import inspect
+
+    cls = module.GroupCoordinator
+    original = cls.__init__
+    signature = inspect.signature(original)
+    off = {name: False for name in ("use_pynccl", "use_custom_allreduce") if name in signature.parameters}
+
+    @functools.wraps(original)
+    def init(self: object, *args: object, **kwargs: object) -> None:
+        from sglang.srt.utils.common import is_cpu
+
+        if is_cpu():
+            bound = signature.bind(self, *args, **kwargs)
+            bound.arguments.update(off)
+            args, kwargs = bound.args[1:], bound.kwargs
+        original(self, *args, **kwargs)
+
+    cls.__init__ = init
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     HANDLER_MODULE: register_mla_handlers,
     RUNTIME_CONTEXT_MODULE: override_amx_platform_fact,
     "sglang.srt.arg_groups.overrides": keep_intel_amx_in_overrides,
     KIMI_DRAFT_MODULE: cpu_embed_sharing,
+    PARALLEL_STATE_MODULE: no_pynccl_on_cpu,
 }
 
 

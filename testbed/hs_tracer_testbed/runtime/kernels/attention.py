@@ -138,7 +138,9 @@ def extend_attention(
     batch, span = len(ext_l), int(seq.max())
     pos = torch.arange(span)
     valid = pos.view(1, -1) < seq.view(-1, 1)  # [B, S]
-    rows = req_to_token[req_pool_indices.to(torch.int64), :span].to(torch.int64)
+    # One request per entry of ``seq_lens``, as SGLang's C++ kernel: under attention DP
+    # ``req_pool_indices`` and the query rows are padded beyond them; the padding stays untouched.
+    rows = req_to_token[req_pool_indices[:batch].to(torch.int64), :span].to(torch.int64)
     keys = _gather_kv(k_buffer, rows, valid, key_scale)
     values = _gather_kv(v_buffer, rows, valid, value_scale)
 
@@ -187,7 +189,8 @@ def decode_attention(
     encoder_lens: torch.Tensor | None,
     sinks: torch.Tensor | None,
 ) -> None:
-    """One query token per row; stores key/value at ``loc`` first; writes ``output`` [B, H, Dv].
+    """One query token per sequence of ``seq_lens``; stores key/value at ``loc`` first; writes
+    ``output`` [B, H, Dv] (rows beyond the sequences untouched).
     ``attn_logits`` is the C++ kernel's split-KV scratch buffer and is not needed here."""
     del attn_logits
     _reject_cross_attention(is_cross_attention, encoder_lens)
@@ -203,12 +206,15 @@ def decode_attention(
     span = int(seq.max())
     pos = torch.arange(span)
     valid = pos.view(1, -1) < seq.view(-1, 1)
-    rows = req_to_token[req_pool_indices.to(torch.int64), :span].to(torch.int64)
+    rows = req_to_token[req_pool_indices[: seq.numel()].to(torch.int64), :span].to(torch.int64)
     keys = _gather_kv(k_cache, rows, valid, key_scale)
     values = _gather_kv(v_cache, rows, valid, value_scale)
     allowed = valid
     if sliding_window > 0:
         allowed = allowed & ((seq.view(-1, 1) - 1 - pos.view(1, -1)) < sliding_window)
-    q = query.to(torch.float32).unsqueeze(1)
+    # One row per sequence, as SGLang's C++ kernel (``num_seqs = seq_lens.size(0)``): under attention
+    # DP the draft's decode batch can hold more query rows than sequences; those rows stay as they are.
+    rows_q = seq.numel()
+    q = query[:rows_q].to(torch.float32).unsqueeze(1)
     out = _attention(q, keys, values, allowed.unsqueeze(1), sm_scale, logit_cap, sinks)
-    output.copy_(out[:, 0].to(output.dtype))
+    output[:rows_q].copy_(out[:, 0].to(output.dtype))

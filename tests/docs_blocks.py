@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 MARKER = re.compile(r"^> \*\*Not run by the docs tests:\*\* (\S.*)$")
 STATUS = re.compile(r"status: (\w+)")
-SLOT = re.compile(r"slot (\d+): trained on (\S+)\s+(?:observed|fed)\s+(\S+)")
+SLOT = re.compile(r"slot (\d+): trained on (\S+)\s+(?:observed|measured|fed)\s+(\S+)")
 COMMAND_KINDS = ("sh", "console")
 
 
@@ -194,7 +194,7 @@ def run_document(doc: Path, tmp: Path, timeout: int, tolerance: float | None = N
                 problems.append(f"{where}: expected 'status: {m.group(1)}'\n{out[-3000:]}")
             if m := SLOT.search(q):
                 n, trained, observed = m.groups()
-                if not re.search(rf"slot {n}: trained on {re.escape(trained)}\s+(?:observed|fed)\s+"
+                if not re.search(rf"slot {n}: trained on {re.escape(trained)}\s+(?:observed|measured|fed)\s+"
                                  rf"{re.escape(observed)}\b", out):
                     problems.append(f"{where}: expected slot {n} {trained} -> {observed}\n{out[-3000:]}")
     return problems

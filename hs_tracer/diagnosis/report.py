@@ -108,8 +108,7 @@ class Report:
         for s in self.slots:
             mark = "" if s.expected_source == s.observed_source else (
                 "<-- ambiguous: " if s.expected_source in (s.candidates or ())
-                else "<-- mismatch: " if s.distance is not None or s.measured_rows is not None
-                else "<-- mismatch ")
+                else "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
             seen = ("observed" if s.distance is not None else "measured" if s.measured_rows is not None
                     else "fed     ")
             lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "

@@ -229,7 +229,10 @@ def live_report(
                else {})
     slots, slot_findings = judge_slots(static, judged, measured, trained, engine_layers_checked)
     named = {s.index: s for s in slots}
-    findings = [f for f in static if not _account_superseded(f, named)]
+    # A slot's finding that names one source (measured, or decisive statistics) replaces the record's
+    # finding of the same code and slot; where the window leaves candidates, the record's narrows them.
+    decided = {(f.code, f.slot) for f in slot_findings if f.observed not in (None, UNKNOWN)}
+    findings = [f for f in static if not _account_superseded(f, named) and (f.code, f.slot) not in decided]
     seen = {(f.code, f.slot) for f in findings}
     findings += [f for f in slot_findings if (f.code, f.slot) not in seen]
     match = _features_match(slots, slot_findings, findings)

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
@@ -35,11 +34,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from provenance import source_state
+from scrape import counters
 
 REPO = Path(__file__).resolve().parents[1]
 COUNTERS = ("hs_tracer_drafts_total", "hs_tracer_accepted_tokens_total", "hs_tracer_verify_steps_total",
@@ -55,14 +54,7 @@ def _free_port() -> int:
 
 def scrape(port: int) -> dict[str, float]:
     """hs_tracer's counters from its own /metrics, summed over label sets."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.eE]+|NaN)$", line)
-        if m and m.group(1) in COUNTERS:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
+    return counters(port, COUNTERS)
 
 
 def rss_bytes(pid: int) -> int:

@@ -38,16 +38,15 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from provenance import source_state
+from scrape import counters
 
 REPO = Path(__file__).resolve().parents[1]
 COUNTERS = ("hs_tracer_verify_steps_total", "hs_tracer_drafts_total",
@@ -112,14 +111,7 @@ def child(name: str, batch: int, new_tokens: int, metrics_port: int, traced: boo
 
 def scrape(port: int) -> dict[str, float]:
     """hs_tracer's counters (and the kernel gauge) from its own /metrics, summed over label sets."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    got: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.eE]+|NaN)$", line)
-        if m and m.group(1) in COUNTERS:
-            got[m.group(1)] = got.get(m.group(1), 0.0) + float(m.group(3))
-    return got
+    return counters(port, COUNTERS)
 
 
 def settled_metrics(port: int, drafts: int, timeout_s: float = 60.0) -> dict[str, float]:

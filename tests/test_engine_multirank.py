@@ -14,7 +14,9 @@ each scheduler reported and what each rank's ``/metrics`` port served:
   rank served;
 * TP 2, EAGLE-3 tree (topk 2): lossless, accept length SGLang's;
 * a fault in one rank's per-step hook (``HS_TRACER_FAULT_INJECT=<hook>@tp1``):
-  tracing off on that rank only, serving unchanged, the other rank's records intact.
+  tracing off on that rank only, serving unchanged, the other rank's records intact;
+* the real pair (SmolLM2-135M-Instruct and its draft) at TP 2: lossless, rank 0 alone diagnoses it,
+  ``ok`` with the trained blocks, its accept length SGLang's.
 
 What only a GPU run shows (NCCL, CUDA graphs per rank, the in-graph fingerprint under TP):
 docs/testing.md.
@@ -26,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine_runs import COUNTERS, FAULT_ONE_RANK, OLDER_RELEASE, EngineResult
+from tests.engine_runs import COUNTERS, FAULT_ONE_RANK, OLDER_RELEASE, TP2, EngineResult, EngineSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600),
               pytest.mark.skipif(OLDER_RELEASE, reason="multi-rank CPU serving is run on the newest release")]
@@ -180,3 +182,23 @@ def test_fault_on_one_rank_turns_off_that_rank_only(engines) -> None:
     assert ranks[0]["disabled_reason"] is None
     assert_acceptance_is_sglangs(ranks[0], [m for m in meta if m["dp_rank"] == ranks[0]["ranks"]["dp"]])
     assert ranks[0]["diagnosis"]["status"] == "ok", ranks[0]["diagnosis"]["findings"]
+
+
+# ---- the real pair at TP 2 -------------------------------------------------------------------------
+# SmolLM2-135M has 9 attention heads and 3 KV heads, which 2 ranks do not divide: SGLang on the CPU
+# pads them (adjust_config_with_unaligned_cpu_tp: 10 and 4 heads, the added ones zero) and serves.
+REAL_TP2 = EngineSpec("testbed", ("real",), parallel=TP2)
+
+
+def test_the_real_pair_at_tp2_is_lossless_and_rank_0_alone_diagnoses_it(real_engines) -> None:
+    plain = real_engines.run("real:plain", EngineSpec(None, ("real",), profile=False))
+    run = real_engines.run("real:tp2", REAL_TP2)
+    assert run.output_ids("real") == plain.output_ids("real")  # TP 1 plain decoding, bf16
+    ranks = by_tp(run.schedulers)
+    assert [(k, r["emitting"], r["enabled"], r["hook_errors"]) for k, r in sorted(ranks.items())] == [
+        (0, True, True, 0), (1, False, True, 0)]
+    d = ranks[0]["diagnosis"]
+    assert d["status"] == "ok", d["findings"]
+    assert [(s["expected_source"], s["observed_source"]) for s in d["slots"]] == [
+        ("block:1", "block:1"), ("block:14", "block:14"), ("block:26", "block:26")]
+    assert_acceptance_is_sglangs(ranks[0], run.meta("real"))

@@ -8,8 +8,9 @@ plugins and its process layout at first import, and a finished engine gives all 
 
 The engine core runs in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with its worker
 (``distributed_executor_backend="uni"``), so the runner can wait until hs_tracer's recorder has
-handed every logged step on before it reads the report. ``faults`` (the spec's list of hook names)
-serves the fault workload once per name, with
+handed every logged step on before it reads the report. A spec with ``tensor_parallel_size`` 2 runs
+vLLM's multi-process executor instead: one worker process per rank, over gloo on the CPU.
+``faults`` (the spec's list of hook names) serves the fault workload once per name, with
 ``HS_TRACER_FAULT_INJECT`` set to it in the tracer's configuration (a startup hook's name is set in
 the environment, so the fault hits at startup): the hook raises, the tracer
 switches off, and the tokens served must not change. Before the next name the tracer is switched back
@@ -58,13 +59,15 @@ def _serve() -> None:
     from vllm import LLM, SamplingParams
 
     _count_start()
+    tp = int(spec.get("tensor_parallel_size", 1))
     kwargs: dict[str, Any] = {
         "model": spec["target"], "tokenizer": spec["target"], "dtype": "bfloat16", "seed": 0,
         "max_model_len": 256, "max_num_seqs": 32, "enforce_eager": spec.get("enforce_eager", True),
-        "disable_log_stats": False,
-        # the worker in the engine core's process: the step's draft input (worker) and its accept
-        # lengths (scheduler) meet in one tracer (docs/vllm.md)
-        "distributed_executor_backend": "uni",
+        "disable_log_stats": False, "tensor_parallel_size": tp,
+        # one rank: the worker in the engine core's process, where the step's draft input (worker)
+        # and its accept lengths (scheduler) meet in one tracer; more ranks need vLLM's
+        # multi-process executor, one worker process per rank (docs/vllm.md)
+        "distributed_executor_backend": "uni" if tp == 1 else "mp",
     }
     if spec.get("draft"):
         kwargs["speculative_config"] = {"method": "eagle3", "model": spec["draft"],
@@ -86,7 +89,9 @@ def _serve() -> None:
     if report_dir:
         from hs_tracer_testbed.demo import settled_reports
 
-        out["reports"] = settled_reports(Path(report_dir), _spec_counters(llm).get("num_drafts"))
+        # under the multi-process executor no report counts the accept lengths: wait for stillness only
+        drafts = _spec_counters(llm).get("num_drafts") if tp == 1 else None
+        out["reports"] = settled_reports(Path(report_dir), drafts)
     initial = os.environ.get("HS_TRACER_FAULT_INJECT")  # a startup hook's fault: injected from the start
     for name in spec.get("faults", []):
         st = _current() if name == initial else _inject(name)

@@ -5,6 +5,8 @@ machine).
 * ``plain``: the target alone (greedy reference tokens);
 * ``configured``: EAGLE-3 with the pair's draft, traced, with the training profile;
 * ``ids_missing``: the same draft without its layer ids (vLLM falls back to its default), traced;
+* ``tp2``: ``configured`` with ``tensor_parallel_size=2`` (a worker process per rank), traced, and
+  ``tp2:plain``, the target alone at TP 2 (its greedy reference);
 * ``faults``: EAGLE-3 traced, serving one workload per hook with a fault injected in that hook.
 """
 
@@ -49,6 +51,10 @@ class Engines:
             return base
         if name == "configured":
             return {**base, "draft": str(self.pair.draft), "env": traced}
+        if name == "tp2":  # two worker processes (vLLM's multi-process executor), tracing in each
+            return {**base, "draft": str(self.pair.draft), "env": traced, "tensor_parallel_size": 2}
+        if name == "tp2:plain":  # its reference: TP 2 sums in another order than TP 1 (bf16 near-ties)
+            return {**base, "tensor_parallel_size": 2}
         if name == "ids_missing":
             draft = write_ids_missing(self.pair.draft, self.tmp / "ids_missing")
             return {**base, "draft": str(draft), "env": traced}

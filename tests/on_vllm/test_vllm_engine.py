@@ -70,6 +70,29 @@ def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:
                if f["code"] == "slot_source_mismatch" and f["severity"] == "critical")
 
 
+def test_tensor_parallel_2_is_lossless_and_rank_0_alone_diagnoses(vllm_engines) -> None:
+    """vLLM's CPU build with ``tensor_parallel_size=2`` (a worker process per rank, gloo): greedy
+    EAGLE-3 commits the tokens of plain TP 2 decoding with tracing on; the plugin loads in both
+    workers, rank 0 alone emits and reads the trained wiring; the accept lengths stay in the engine
+    core's process, apart from the worker's tracer, so its report has none (docs/vllm.md, "One
+    process per replica")."""
+    run = vllm_engines["tp2"]
+    # against plain decoding at TP 2: its all-reduce sums in another order than TP 1, and bf16
+    # near-ties then flip a token
+    want = vllm_engines["tp2:plain"]["workloads"]["main"]["output_ids"]
+    assert run["workloads"]["main"]["output_ids"] == want
+    assert run["workloads"]["main"]["spec"]["num_drafts"] > NUM_PROMPTS  # it speculated
+    reports = sorted(run["reports"], key=lambda r: r["ranks"]["tp"])
+    assert [(r["ranks"]["tp"], r["emitting"], r["enabled"], r["hook_errors"]) for r in reports] == [
+        (0, True, True, 0), (1, False, True, 0)]
+    d = diagnosis(run)
+    assert reports[0]["wiring"]["sources"] == [s["expected_source"] for s in d["slots"]] == [
+        "block:0", "block:3", "block:6"]
+    assert Report.from_json(d).exit_code == 0, d["findings"]
+    assert not [f for f in d["findings"] if f["code"] == "slot_source_mismatch"], d["findings"]
+    assert d["acceptance"] is None
+
+
 def test_demo_says_the_configured_draft_is_served_as_trained_and_the_miswiring_caught(vllm_engines) -> None:
     """``hs-tracer demo --engine vllm``'s output and exit status on the real engines' reports: the
     configured draft is never told to fix anything (a slot the window cannot resolve is a warning

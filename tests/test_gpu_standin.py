@@ -198,7 +198,7 @@ BREAKDOWN_PROBE = """
 import json, torch
 from types import SimpleNamespace
 from hs_tracer.fingerprint.probe import FingerprintProbe
-from hs_tracer.integrations.sglang.steps import StepPath
+from hs_tracer.core.steps import StepPath
 from hs_tracer.records import Ranks
 from hs_tracer_testbed.runtime.gpu import patches
 
@@ -413,7 +413,7 @@ def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.M
     finished = [r.finished() for r in reqs]
     assert finished == [r.finished_reason is not None for r in reqs] == [False, True, False, False]
     monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
-    from hs_tracer.integrations.sglang.steps import StepPath
+    from hs_tracer.core.steps import StepPath
     from hs_tracer.records import Ranks
 
     st = state.install(TracerConfig())
@@ -441,9 +441,9 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     from hs_tracer.config import TracerConfig
+    from hs_tracer.core.steps import StepPath
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.integrations.sglang import hooks, state
-    from hs_tracer.integrations.sglang.steps import StepPath
     from hs_tracer.records import Ranks
 
     k, h, padded = 3, 8, 16

@@ -314,7 +314,7 @@ class Analysis:
         since the last diagnosis, or at once when ``force``. True if the diagnosis changed.
 
         Which rows: decode verify rows and prefill rows without position 0
-        (integrations/sglang/steps.py says why)."""
+        (core/steps.py says why)."""
         if window is not None:  # one merge per landed window; the running total grows per diagnosis
             self._fresh = window if self._fresh is None else self._fresh.merge(window)
             self.window_reports += 1

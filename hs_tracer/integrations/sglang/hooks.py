@@ -186,7 +186,7 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, batch: Any, ba
                                    *_a: Any, **_k: Any) -> None:
     """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
     the step number goes onto ``batch_result``, which SGLang hands to the result hook later, and
-    the batch's request list is noted (steps.py: which requests SGLang skips)."""
+    the batch's request list is noted (core/steps.py: which requests SGLang skips)."""
     steps = st.steps
     if steps is not None:
         steps.observe_decode(batch_result.logits_output.hidden_states, batch_result,

@@ -25,13 +25,13 @@ from hs_tracer.config import TracerConfig
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
+    from hs_tracer.core.steps import StepPath
     from hs_tracer.diagnosis.findings import Finding
     from hs_tracer.export.capture import CaptureSink
     from hs_tracer.export.recorder import Recorder
     from hs_tracer.export.report_file import ReportFile
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.integrations.sglang.identity import IdentitySampler
-    from hs_tracer.integrations.sglang.steps import StepPath
 
 logger = logging.getLogger("hs_tracer")
 
@@ -153,8 +153,8 @@ class TracerState:
             logger.info("hs_tracer: tracing on (tp %d, pp %d, dp %d): %s feeds the draft %s; %d startup "
                         "finding(s)", r.tp, r.pp, r.dp, self.wiring.target_arch,
                         ", ".join(self.wiring.sources) or "no aux hidden states", len(self.static_findings))
+            from hs_tracer.core.steps import StepPath
             from hs_tracer.export.recorder import Recorder
-            from hs_tracer.integrations.sglang.steps import StepPath
 
             decode, prefill = self._probes if self._probes is not None else self._make_probes()
             self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks,
@@ -236,7 +236,7 @@ class TracerState:
             return None, probe
         if self.role == "decode":
             return probe, None
-        return probe, probe  # combined instance: one window stream (steps.py says which rows)
+        return probe, probe  # combined instance: one window stream (core/steps.py says which rows)
 
     def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any, prefix_lens: Any = None,
                         extend_lens: Any = None) -> None:

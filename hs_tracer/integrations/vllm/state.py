@@ -22,10 +22,10 @@ from hs_tracer.config import TracerConfig
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
+    from hs_tracer.core.steps import StepPath
     from hs_tracer.diagnosis.findings import Finding
     from hs_tracer.export.recorder import Recorder
     from hs_tracer.export.report_file import ReportFile
-    from hs_tracer.integrations.sglang.steps import StepPath
 
 logger = logging.getLogger("hs_tracer")
 
@@ -95,9 +95,9 @@ class TracerState:
 
     def finish_startup(self, wiring: WiringRecord, findings: list[Finding]) -> None:
         """The wiring is known: build the probe and the step path, start the recorder."""
+        from hs_tracer.core.steps import StepPath
         from hs_tracer.export.recorder import Recorder
         from hs_tracer.fingerprint.probe import FingerprintProbe
-        from hs_tracer.integrations.sglang.steps import StepPath
 
         self.wiring, self.static_findings = wiring, findings
         for f in findings:

@@ -279,7 +279,7 @@ def patches(environ: Mapping[str, str] = os.environ) -> dict[str, Callable[[Modu
     if environ.get(BREAKDOWN_FLAG):
         global _breakdown
         _breakdown = HostBreakdown(environ[BREAKDOWN_FLAG])
-        out.update({"hs_tracer.integrations.sglang.steps": breakdown_steps,
+        out.update({"hs_tracer.core.steps": breakdown_steps,
                     "hs_tracer.fingerprint.probe": breakdown_probe,
                     "hs_tracer.fingerprint.launch": breakdown_launch,
                     "hs_tracer.export.step_log": breakdown_log})

@@ -253,7 +253,7 @@ def test_profile_mismatch_names_the_right_profile(tmp_path, testbed) -> None:
                  "--target", str(small.target), "--no-progress"]) == 0
     st = TracerState(TracerConfig(profile=out))
     st.target = {"architecture": "DeepseekV3ForCausalLM", "num_layers": 8, "hidden_size": 64}
-    _trained, finding = st._trained_sources()
+    _trained, finding = st.trained_sources()
     assert finding is not None
     assert _root(Report(findings=[finding]), Code.PROFILE_MISMATCH) == (
         "use the profile built for this target's training data (hs-tracer profile build)")

@@ -147,7 +147,7 @@ def sync_checked(hook: Callable[..., Any],
 def arm_serving_hooks(hook: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """The plugin's ``wrap`` parameter: every hook that runs while serving (the capture and per-step
     phases) armed; the startup hooks, run once before serving, left as they are."""
-    from hs_tracer.sglang_releases.adapter import Phase
+    from hs_tracer.release_table import Phase
 
     return fn if hook.phase is Phase.STARTUP else sync_checked(fn)
 

@@ -15,6 +15,7 @@ import inspect
 import pkgutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 
 class Phase(str, enum.Enum):
@@ -61,6 +62,21 @@ class ReleaseFamily:
     name: str
     releases: tuple[str, ...]  # exact releases (their local and .postN builds count as them)
     hooks: tuple[Hook, ...]
+
+
+FamilyT = TypeVar("FamilyT", bound=ReleaseFamily)
+
+
+def family_or_problem(engine: str, version: str | None, family: FamilyT | None,
+                      supported: str) -> FamilyT | str:
+    """The family to check the installed engine against, or why it cannot be traced before any hook
+    target is looked at: it is not installed, or no family lists its release (``supported``: the
+    releases that are)."""
+    if version is None:
+        return f"{engine} is not installed"
+    if family is None:
+        return f"{engine} {version} is not a supported release ({supported})"
+    return family
 
 
 def signature_problems(hooks: Sequence[Hook], targets: Iterable[str] | None = None) -> list[str]:

@@ -77,6 +77,19 @@ class TracerState(abc.ABC):
     def status(self) -> dict[str, Any]:
         """This process's report (docs/interfaces.md lists its keys)."""
 
+    def with_diagnosis(self, out: dict[str, Any]) -> dict[str, Any]:
+        """A status with the recorder's overhead and diagnosis added (only the startup findings before
+        the recorder has one)."""
+        overhead = self.recorder.overhead_json() if self.recorder is not None else None
+        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
+            out["overhead"] = overhead
+        diagnosis = self.recorder.report_json() if self.recorder is not None else None
+        if diagnosis is not None:
+            out["diagnosis"] = diagnosis
+        elif self.static_findings:
+            out["diagnosis"] = {"findings": [f.to_json() for f in self.static_findings]}
+        return out
+
     def fail(self, where: str, exc: BaseException) -> None:
         """Record a hook error and switch tracing off for the rest of this process's life."""
         with self._lock:

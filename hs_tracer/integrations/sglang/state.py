@@ -216,15 +216,7 @@ class TracerState(core.TracerState):
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
             "identity": None if self.identity is None else self.identity.status(),
         }
-        overhead = self.recorder.overhead_json() if self.recorder is not None else None
-        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
-            out["overhead"] = overhead
-        diagnosis = self.recorder.report_json() if self.recorder is not None else None
-        if diagnosis is not None:
-            out["diagnosis"] = diagnosis
-        elif self.static_findings:
-            out["diagnosis"] = {"findings": [f.to_json() for f in self.static_findings]}
-        return out
+        return self.with_diagnosis(out)
 
 
 def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, Any],

@@ -19,7 +19,7 @@ import pkgutil
 import re
 import sys
 
-from hs_tracer.release_table import Hook, signature_problems
+from hs_tracer.release_table import Hook, family_or_problem, signature_problems
 from hs_tracer.sglang_releases import FAMILIES, family_for, is_untested, rules_release, supported_text
 from hs_tracer.sglang_releases.adapter import MetaCounters, SGLangFamily
 
@@ -78,12 +78,10 @@ def problems(family: SGLangFamily | None = None, *, check_reads: bool | None = N
     DeepSeek and gpt-oss layer-id rules are still the family's.
     """
     version = installed_version()
-    if version is None:
-        return ["sglang is not installed"]
-    if family is None:
-        family = family_for(version)
-        if family is None:
-            return [f"sglang {version} is not a supported release ({supported_text()})"]
+    checked = family_or_problem("sglang", version, family or family_for(version), supported_text())
+    if isinstance(checked, str):
+        return [checked]
+    family = checked
     if check_reads is None:
         check_reads = is_untested(version)
     # Outside a scheduler process the first import of SGLang's modules can stop inside one of its own

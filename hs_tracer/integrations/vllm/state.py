@@ -98,15 +98,7 @@ class TracerState(core.TracerState):
             "export": None if self.recorder is None else self.recorder.where(),
             "recorder_thread_cpu_s": None if self.recorder is None else self.recorder.cpu_json(),
         }
-        overhead = self.recorder.overhead_json() if self.recorder is not None else None
-        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
-            out["overhead"] = overhead
-        diagnosis = self.recorder.report_json() if self.recorder is not None else None
-        if diagnosis is not None:
-            out["diagnosis"] = diagnosis
-        elif self.static_findings:
-            out["diagnosis"] = {"findings": [f.to_json() for f in self.static_findings]}
-        return out
+        return self.with_diagnosis(out)
 
     def target_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.target.items() if k not in ("device", "dtype")}

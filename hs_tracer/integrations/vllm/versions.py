@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-from hs_tracer.release_table import Hook, Phase, ReleaseFamily, signature_problems
+from hs_tracer.release_table import Hook, Phase, ReleaseFamily, family_or_problem, signature_problems
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 _SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
@@ -103,10 +103,5 @@ def hook_name(handler: str) -> str:
 def problems(family: ReleaseFamily | None = None) -> list[str]:
     """What is missing or changed in the installed vLLM, as short phrases (empty: supported)."""
     version = installed_version()
-    if version is None:
-        return ["vllm is not installed"]
-    if family is None:
-        family = family_for(version)
-        if family is None:
-            return [f"vllm {version} is not a supported release ({', '.join(SUPPORTED_VERSIONS)})"]
-    return signature_problems(family.hooks)
+    found = family_or_problem("vllm", version, family or family_for(version), ", ".join(SUPPORTED_VERSIONS))
+    return [found] if isinstance(found, str) else signature_problems(found.hooks)

@@ -23,10 +23,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.core.steps import StepPath
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.export.capture import CaptureSink
 from hs_tracer.export.recorder import Recorder
 from hs_tracer.export.report_file import ReportFile
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.profile.model import OTHER_MODEL_FIX, Profile, other_model
 from hs_tracer.records import Ranks, WiringRecord
 

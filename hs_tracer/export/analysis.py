@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.same_token import MeasuredSlot
 from hs_tracer.export.batch import step_digest
 from hs_tracer.export.digest_join import DigestJoin
+from hs_tracer.findings import Acceptance, Code, Finding
 from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
 from hs_tracer.records import Ranks, WiringRecord
 

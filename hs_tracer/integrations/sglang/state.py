@@ -86,7 +86,7 @@ class TracerState(core.TracerState):
     def finish_startup(self) -> None:
         """All startup hooks have run: build the wiring record, run the static checks, start
         the recorder."""
-        from hs_tracer.diagnosis import wiring as static
+        from hs_tracer.static_checks import wiring as static
 
         was_emitting = self._probes is not None and self.emitting
         self.ranks, self.emitting = _ranks()

@@ -39,7 +39,7 @@ def hook(fn: F) -> F:
 def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     """The target, the layers vLLM set it to capture, the loaded draft: the wiring, then the step path."""
     from hs_tracer import sources
-    from hs_tracer.diagnosis.vllm_wiring import check_vllm_wiring, wiring_record
+    from hs_tracer.static_checks.vllm_wiring import check_vllm_wiring, wiring_record
 
     spec = runner.speculative_config
     if spec is None or st.wiring is not None:

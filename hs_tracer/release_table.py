@@ -64,6 +64,16 @@ class ReleaseFamily:
     hooks: tuple[Hook, ...]
 
 
+def handler_name(handler: str, families: Iterable[ReleaseFamily | None]) -> str:
+    """The name a handler (``module:function``) runs under: its hook's in the first of ``families``
+    (the installed release's first, then every family of the table) that lists it."""
+    for family in families:
+        for hook in family.hooks if family is not None else ():
+            if hook.handler == handler:
+                return hook.name
+    raise KeyError(f"{handler} is no hook's handler in the version table")
+
+
 FamilyT = TypeVar("FamilyT", bound=ReleaseFamily)
 
 

@@ -19,7 +19,7 @@ import pkgutil
 import re
 import sys
 
-from hs_tracer.release_table import Hook, family_or_problem, signature_problems
+from hs_tracer.release_table import Hook, family_or_problem, handler_name, signature_problems
 from hs_tracer.sglang_releases import FAMILIES, family_for, is_untested, rules_release, supported_text
 from hs_tracer.sglang_releases.adapter import MetaCounters, SGLangFamily
 
@@ -27,11 +27,7 @@ from hs_tracer.sglang_releases.adapter import MetaCounters, SGLangFamily
 def hook_name(handler: str) -> str:
     """The name a handler (``module:function``) runs under: its hook's in the installed release's
     family, else in the first family that lists it."""
-    for family in (installed_family(), *FAMILIES):
-        for hook in family.hooks if family is not None else ():
-            if hook.handler == handler:
-                return hook.name
-    raise KeyError(f"{handler} is no hook's handler in the version table")
+    return handler_name(handler, (installed_family(), *FAMILIES))
 
 
 def hooks_here(family: SGLangFamily, worker: str | None = None) -> tuple[Hook, ...]:

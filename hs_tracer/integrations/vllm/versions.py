@@ -18,7 +18,14 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-from hs_tracer.release_table import Hook, Phase, ReleaseFamily, family_or_problem, signature_problems
+from hs_tracer.release_table import (
+    Hook,
+    Phase,
+    ReleaseFamily,
+    family_or_problem,
+    handler_name,
+    signature_problems,
+)
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 _SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
@@ -93,11 +100,7 @@ def installed_family() -> ReleaseFamily | None:
 
 def hook_name(handler: str) -> str:
     """The name a handler runs under (the first hook that lists it)."""
-    for family in (installed_family(), *FAMILIES):
-        for hook in family.hooks if family is not None else ():
-            if hook.handler == handler:
-                return hook.name
-    raise KeyError(f"{handler} is no hook's handler in the version table")
+    return handler_name(handler, (installed_family(), *FAMILIES))
 
 
 def problems(family: ReleaseFamily | None = None) -> list[str]:

@@ -1,12 +1,14 @@
-"""Per-process tracer state, the step path, and the fail-safe guard every hook runs under.
+"""Per-process tracer state inside SGLang, over the engine-neutral one (:mod:`hs_tracer.core.state`),
+and the guard SGLang's hooks run under.
 
 One :class:`TracerState` per scheduler process. The hooks hand it what they read from SGLang; it
-keeps the wiring, owns the fingerprint probe, turns each verify step into a
-:class:`~hs_tracer.records.StepRecord` on a bounded queue, and starts the background
+keeps the wiring, owns the fingerprint probes (built before SGLang captures its graphs), builds the
+step path (:mod:`hs_tracer.core.steps`) and starts the background
 :class:`~hs_tracer.export.recorder.Recorder` that exports and diagnoses off the scheduler thread.
 
 A hook that raises is counted, logged once and switches the tracer off; SGLang's own call then
-proceeds exactly as if hs_tracer were not there.
+proceeds exactly as if hs_tracer were not there. Under torch.compile the hooks fold away
+(:func:`guarded`).
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.infra: the record generator and the OTLP receiver
 
-from hs_tracer.diagnosis.findings import SlotVerdict  # noqa: E402
 from hs_tracer.export.otel import DEFAULT_SPAN_SAMPLE, OtelExporter  # noqa: E402
 from hs_tracer.export.prometheus import PrometheusExporter  # noqa: E402
+from hs_tracer.findings import SlotVerdict  # noqa: E402
 from hs_tracer.records import Ranks, StepRecord, WiringRecord  # noqa: E402
 from tests.infra.steps import make_steps  # noqa: E402
 

@@ -74,9 +74,9 @@ from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.core.steps import StepPath
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats
 from hs_tracer.integrations.sglang import hooks, state
-from hs_tracer.integrations.sglang.steps import StepPath
 from hs_tracer.records import Ranks, WiringRecord
 
 HIDDEN, SLOTS, DRAFT_TOKENS = 7168, 3, 4

@@ -6,9 +6,9 @@ import torch
 
 from hs_tracer.diagnosis.acceptance import acceptance_findings
 from hs_tracer.diagnosis.causes import group
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.verdict import live_report, recorded_wiring
+from hs_tracer.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.profile.expectation import ExpectedAcceptance, chain_accepted, training_sequences
 
 EXPECTED = ExpectedAcceptance([0.75, 0.62, 0.56], rows=2767, sequences=64, num_steps=3, draft="d",
@@ -220,11 +220,11 @@ def test_the_engine_record_and_the_statistics_each_keep_their_say(
     report exits 0."""
     import numpy as np
 
-    from hs_tracer.diagnosis.wiring import capture, check_wiring
     from hs_tracer.preflight.checkpoint import read_checkpoint
     from hs_tracer.preflight.config import read_draft_config, read_target_config
     from hs_tracer.preflight.runner import build_wiring
     from hs_tracer.profile.model import Profile
+    from hs_tracer.static_checks.wiring import capture, check_wiring
     from hs_tracer_testbed.evaluate import judge, pool_from_testbed
     from hs_tracer_testbed.miswire import write_variant
 

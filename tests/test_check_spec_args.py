@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_check_drafts import codes, specforge_draft, target_config
 
-from hs_tracer.diagnosis.findings import Severity
+from hs_tracer.findings import Severity
 from hs_tracer.preflight.runner import run_check
 from hs_tracer.preflight.spec_args import ServerArgsError, parse_server_args, resolve_spec_args, spec_findings
 

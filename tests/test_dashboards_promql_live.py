@@ -18,8 +18,8 @@ import pytest
 
 import hs_tracer.dashboards as dashboards
 from hs_tracer.dashboards import alerts, lint, overview
-from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.export.prometheus import PrometheusExporter
+from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.records import Ranks, WiringRecord
 from tests.infra.prom import PrometheusServer, ensure_prometheus
 from tests.infra.steps import make_steps

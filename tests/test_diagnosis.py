@@ -15,9 +15,9 @@ import pytest
 
 from hs_tracer.cli import main
 from hs_tracer.diagnosis.calibration import profile_findings
-from hs_tracer.diagnosis.findings import Code, Severity
 from hs_tracer.diagnosis.identity import diagnose
 from hs_tracer.diagnosis.matcher import Thresholds
+from hs_tracer.findings import Code, Severity
 from hs_tracer.profile import build
 from hs_tracer.profile.capture_format import CaptureManifest, CaptureWriter
 from hs_tracer.profile.model import Profile

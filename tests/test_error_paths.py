@@ -145,7 +145,7 @@ def test_live_diagnosis_names_a_profile_of_another_model(small_profile: Path) ->
 
     st = TracerState(TracerConfig(profile=small_profile))
     st.target = {"architecture": "DeepseekV3ForCausalLM", "num_layers": 8, "hidden_size": 64}
-    trained, finding = st._trained_sources()
+    trained, finding = st.trained_sources()
     assert trained is None and st.profile_fits is False
     assert finding is not None and finding.code.value == "profile_mismatch" and OTHER in finding.message
     report = live_report([finding], None, None, None)

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hs_tracer.diagnosis.findings import SlotVerdict
 from hs_tracer.export.otel import SCOPE_NAME, SPAN_NAME, OtelExporter
 from hs_tracer.export.prometheus import PrometheusExporter
+from hs_tracer.findings import SlotVerdict
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, StepDigest
 from hs_tracer.records import Ranks, WiringRecord
 from tests.infra.net import free_port, wait_until

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
+from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, StepDigest
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
 from tests.infra.mp_writer import write_steps

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hs_tracer.diagnosis.findings import Code, Severity
+from hs_tracer.findings import Code, Severity
 from hs_tracer.preflight.runner import run_check
 from hs_tracer_testbed.miswire import regenerated_d2t, write_vocab_variant
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.findings import Acceptance, Code, Finding, Severity
 from hs_tracer_testbed import build as tb
 
 
@@ -223,7 +223,7 @@ def test_acceptance_drop_follows_what_the_features_say(profile) -> None:
 
 
 def test_norm_flags_sets_the_flag() -> None:
-    from hs_tracer.diagnosis.norm_flags import check_norm_flags
+    from hs_tracer.static_checks.norm_flags import check_norm_flags
 
     found = check_norm_flags({"norm_before_fc": True}, {"norm_before_fc": False})
     fix = _root(Report(findings=found), Code.NORM_FLAGS)
@@ -253,7 +253,7 @@ def test_profile_mismatch_names_the_right_profile(tmp_path, testbed) -> None:
                  "--target", str(small.target), "--no-progress"]) == 0
     st = TracerState(TracerConfig(profile=out))
     st.target = {"architecture": "DeepseekV3ForCausalLM", "num_layers": 8, "hidden_size": 64}
-    _trained, finding = st._trained_sources()
+    _trained, finding = st.trained_sources()
     assert finding is not None
     assert _root(Report(findings=[finding]), Code.PROFILE_MISMATCH) == (
         "use the profile built for this target's training data (hs-tracer profile build)")
@@ -264,9 +264,9 @@ def test_a_capture_loop_that_is_not_what_the_engine_records_is_fixed_in_the_engi
     next block's: the fix points at the target's model class in the engine; the draft config has
     nothing to change (``capture_record_mismatch``); an unresolved window asks for a measurement
     (``slot_source_unresolved``)."""
-    from hs_tracer.diagnosis.findings import SlotVerdict
     from hs_tracer.diagnosis.same_token import MeasuredSlot
     from hs_tracer.diagnosis.verdict import live_report
+    from hs_tracer.findings import SlotVerdict
 
     judged = Report(slots=[SlotVerdict(0, "block:1", "block:1", 0.6)])
     late = MeasuredSlot(0, ("block:2",), rows=256, error=0.0, nearest="block:2", runner_up="block:1",

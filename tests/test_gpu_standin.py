@@ -198,7 +198,7 @@ BREAKDOWN_PROBE = """
 import json, torch
 from types import SimpleNamespace
 from hs_tracer.fingerprint.probe import FingerprintProbe
-from hs_tracer.integrations.sglang.steps import StepPath
+from hs_tracer.core.steps import StepPath
 from hs_tracer.records import Ranks
 from hs_tracer_testbed.runtime.gpu import patches
 
@@ -412,8 +412,8 @@ def test_accept_lengths_count_only_requests_sglang_commits(monkeypatch: pytest.M
     # the step path reads finished_reason itself: it must mean what SGLang's finished() means
     finished = [r.finished() for r in reqs]
     assert finished == [r.finished_reason is not None for r in reqs] == [False, True, False, False]
-    monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
-    from hs_tracer.integrations.sglang.steps import StepPath
+    monkeypatch.setattr(state.SLOT, "state", state.SLOT.state)  # restored after the test
+    from hs_tracer.core.steps import StepPath
     from hs_tracer.records import Ranks
 
     st = state.install(TracerConfig())
@@ -441,9 +441,9 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     from hs_tracer.config import TracerConfig
+    from hs_tracer.core.steps import StepPath
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.integrations.sglang import hooks, state
-    from hs_tracer.integrations.sglang.steps import StepPath
     from hs_tracer.records import Ranks
 
     k, h, padded = 3, 8, 16
@@ -465,7 +465,7 @@ def test_dp_attention_prefill_padding_stays_out_of_the_fingerprint(monkeypatch: 
         fb.post_forward_mlp_sync_batch(out)
         return out.hidden_states
 
-    monkeypatch.setattr(state, "_STATE", state._STATE)  # restored after the test
+    monkeypatch.setattr(state.SLOT, "state", state.SLOT.state)  # restored after the test
     st = state.install(TracerConfig())
     probe = FingerprintProbe(k, h, "cpu")
     st.steps = StepPath(probe, probe, 1 << 30, Ranks(), 64)  # nothing is recorded here

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Severity
 from hs_tracer.diagnosis.identity import diagnose_detailed
 from hs_tracer.diagnosis.verdict import live_report, recorded_wiring
+from hs_tracer.findings import Acceptance, Code, Severity
 from hs_tracer.sources import EMBEDDING, UNKNOWN
 from hs_tracer_testbed.real_layers import TRAINED, ensure_real_layers
 

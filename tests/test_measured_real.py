@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hs_tracer.cli import main
-from hs_tracer.diagnosis.findings import Severity
+from hs_tracer.findings import Severity
 from hs_tracer.profile.model import Profile
 from hs_tracer.profile.target_forward import load_target
 from hs_tracer.profile.token_rows import PREFIX_NOT_HELD

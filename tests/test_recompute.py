@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from hs_tracer.diagnosis.findings import Code, Severity
 from hs_tracer.diagnosis.recompute import measure, trained_sources, training_findings
 from hs_tracer.errors import InputError
+from hs_tracer.findings import Code, Severity
 from hs_tracer.profile.readers import Record
 from hs_tracer.profile.target_forward import load_target
 from hs_tracer.profile.token_rows import NO_IDS, PREFIX_NOT_HELD, Sample, TokenRows, sample, sequences_of

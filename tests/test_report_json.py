@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 
 
 def test_report_survives_its_json() -> None:

@@ -51,7 +51,7 @@ def test_nothing_cites_a_document_outside_the_repo() -> None:
 
 def test_interfaces_doc_lists_every_command_and_finding_code() -> None:
     from hs_tracer.cli import COMMANDS
-    from hs_tracer.diagnosis.findings import Code
+    from hs_tracer.findings import Code
 
     doc = (ROOT / "docs/interfaces.md").read_text()
     assert [c for c in COMMANDS if f"| `{c}" not in doc] == []

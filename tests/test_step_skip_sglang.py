@@ -8,7 +8,7 @@ result processed before the launch). The result hook runs through SGLang's real 
 wrapper around SGLang's real ``_resolve_spec_v2_tokens``, which increments ``req.spec_verify_ct``
 for exactly the requests it commits. Every step hs_tracer hands over must hold exactly those
 requests, with their accept lengths, although hs_tracer tests only the requests that can be
-skipped (``steps.py``). Without overlap SGLang never skips one, and neither does hs_tracer.
+skipped (``hs_tracer/core/steps.py``). Without overlap SGLang never skips one, and neither does hs_tracer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hs_tracer.integrations.sglang.steps import departed
+from hs_tracer.core.steps import departed
 
 CHILD = r"""
 import json, random, sys
@@ -35,7 +35,7 @@ from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 from sglang.srt.sampling.sampling_params import SamplingParams
 from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import hooks, state
-from hs_tracer.integrations.sglang.steps import StepPath
+from hs_tracer.core.steps import StepPath
 from hs_tracer.records import Ranks
 
 NDT = 4

@@ -1,10 +1,11 @@
-"""Static wiring checks (hs_tracer.diagnosis.wiring), from a description and from a live WiringRecord."""
+"""Static wiring checks (hs_tracer.static_checks.wiring), from a description and from a live WiringRecord."""
 
 from __future__ import annotations
 
 from hs_tracer import sources as src
-from hs_tracer.diagnosis.findings import Code, Severity
-from hs_tracer.diagnosis.wiring import (
+from hs_tracer.findings import Code, Severity
+from hs_tracer.records import WiringRecord
+from hs_tracer.static_checks.wiring import (
     IdsLocation,
     Wiring,
     capture,
@@ -19,7 +20,6 @@ from hs_tracer.diagnosis.wiring import (
     wiring_from_record,
     with_draft_config,
 )
-from hs_tracer.records import WiringRecord
 
 KIMI = "KimiK25ForConditionalGeneration"  # DeepSeek-V3 language model, 61 layers, hidden 7168
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hs_tracer.diagnosis.findings import Finding
     from hs_tracer.diagnosis.recompute import Measurement
+    from hs_tracer.findings import Finding
     from hs_tracer.profile.build import Dump
     from hs_tracer.profile.model import Profile
 
@@ -254,7 +254,7 @@ def run_build(args: argparse.Namespace) -> int:
         profile.meta["expected_acceptance"] = expectation.measure_or_note(
             args.draft, args.target, args.sources, sequences=args.expected_sequences)
     from hs_tracer.diagnosis.calibration import profile_findings
-    from hs_tracer.diagnosis.findings import Severity
+    from hs_tracer.findings import Severity
 
     record = record_measurement(profile, measurement) if measurement is not None else []
     findings = profile_findings(profile)  # before writing: nothing is written unless all of it succeeds
@@ -347,8 +347,8 @@ def run_merge(args: argparse.Namespace) -> int:
         raise InputError(f"shards {missing} of {merged.meta['shard_count']} are missing; nothing written")
     merged.save(args.output)
     print(merged.summary())
-    from hs_tracer.diagnosis.findings import Severity
     from hs_tracer.diagnosis.recompute import recorded_findings
+    from hs_tracer.findings import Severity
 
     record = recorded_findings(merged.meta)
     for finding in record:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from hs_tracer.dashboards import engine_metrics as em
-from hs_tracer.diagnosis.findings import NOT_WIRING
 from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.export import prometheus as m
+from hs_tracer.findings import NOT_WIRING
 
 AL_FLOOR = 1.25
 """Mean accept length below which a draft is useless: a miswired draft sits at 1.0-1.1, a correct but

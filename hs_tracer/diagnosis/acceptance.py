@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity
+from hs_tracer.findings import Acceptance, Code, Finding, Severity
 from hs_tracer.profile.expectation import ExpectedAcceptance
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.diagnosis.matcher import Candidates, Thresholds, candidates_of, divergence
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.profile.model import Profile, ProfileError
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.findings import Code, Finding, Severity
 
 LAYER_IDS = "layer_ids"
 INPUT_WIDTH = "draft_input_width"

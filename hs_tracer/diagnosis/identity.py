@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hs_tracer.diagnosis.calibration import Calibration, calibrate, candidates
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.diagnosis.matcher import (
     SlotMatch,
     Thresholds,
@@ -20,6 +19,7 @@ from hs_tracer.diagnosis.matcher import (
     width_findings,
 )
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile.model import Profile
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Acceptance
+from hs_tracer.findings import Acceptance
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.profile import readers, token_rows
 from hs_tracer.profile.accumulate import StatsAccumulator

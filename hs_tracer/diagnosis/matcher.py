@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.fingerprint.stats import ChannelStats
 from hs_tracer.sources import UNKNOWN
 

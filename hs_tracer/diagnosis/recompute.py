@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.diagnosis.same_token import MeasuredSlot, identify, tolerance_for
 from hs_tracer.errors import InputError
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.profile.progress import BuildProgress
 from hs_tracer.profile.target_forward import Target
 from hs_tracer.profile.token_rows import Sample

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hs_tracer.diagnosis.causes import group
-from hs_tracer.diagnosis.findings import NOT_WIRING, Acceptance, Code, Finding, Severity, SlotVerdict
+from hs_tracer.findings import NOT_WIRING, Acceptance, Code, Finding, Severity, SlotVerdict
 
 
 @dataclass

@@ -27,13 +27,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding, Severity, SlotVerdict
-from hs_tracer.diagnosis.norm_flags import check_norm_flags
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.same_token import MeasuredSlot
-from hs_tracer.diagnosis.wiring import served_right
+from hs_tracer.findings import Acceptance, Code, Finding, Severity, SlotVerdict
 from hs_tracer.profile.model import Profile
 from hs_tracer.sources import UNKNOWN
+from hs_tracer.static_checks.norm_flags import check_norm_flags
+from hs_tracer.static_checks.wiring import served_right
 
 LIVE_MATCH = ("The live features match the training profile slot by slot, so this does not bite in what is "
               "served now; it bites on a target with another layer count or an engine release that reads the "

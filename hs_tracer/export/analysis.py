@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Acceptance, Code, Finding
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.same_token import MeasuredSlot
 from hs_tracer.export.batch import step_digest
 from hs_tracer.export.digest_join import DigestJoin
+from hs_tracer.findings import Acceptance, Code, Finding
 from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
 from hs_tracer.records import Ranks, WiringRecord
 
@@ -314,7 +314,7 @@ class Analysis:
         since the last diagnosis, or at once when ``force``. True if the diagnosis changed.
 
         Which rows: decode verify rows and prefill rows without position 0
-        (integrations/sglang/steps.py says why)."""
+        (core/steps.py says why)."""
         if window is not None:  # one merge per landed window; the running total grows per diagnosis
             self._fresh = window if self._fresh is None else self._fresh.merge(window)
             self.window_reports += 1

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hs_tracer import __version__
-from hs_tracer.diagnosis.findings import SlotVerdict
+from hs_tracer.findings import SlotVerdict
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hs_tracer.config import TracerConfig
-from hs_tracer.diagnosis.findings import Finding, SlotVerdict
+from hs_tracer.findings import Finding, SlotVerdict
 from hs_tracer.fingerprint.stats import StepDigest
 from hs_tracer.records import Ranks, StepRecord, WiringRecord
 

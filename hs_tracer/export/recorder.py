@@ -46,8 +46,8 @@ from hs_tracer.export.batch import Scratch, StepBatch
 
 if TYPE_CHECKING:
     from hs_tracer.config import TracerConfig
-    from hs_tracer.diagnosis.findings import Finding
     from hs_tracer.export.process import ExportProcess
+    from hs_tracer.findings import Finding
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.fingerprint.stats import ChannelStats
     from hs_tracer.records import Ranks, WiringRecord

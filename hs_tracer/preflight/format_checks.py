@@ -10,7 +10,7 @@ Read from the newest supported SGLang release (the release the findings name,
 
 from __future__ import annotations
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.preflight.config import DraftConfig, DraftFormat
 from hs_tracer.sglang_releases import NEWEST_RELEASE
 

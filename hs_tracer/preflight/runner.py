@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.report import Report
-from hs_tracer.diagnosis.wiring import Wiring, capture, check_wiring, ids_location
+from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.preflight.checkpoint import Checkpoint, read_checkpoint
 from hs_tracer.preflight.config import (
     DraftConfig,
@@ -25,6 +24,7 @@ from hs_tracer.preflight.weight_checks import check_weights
 from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
 from hs_tracer.profile.model import ProfileError
 from hs_tracer.sglang_releases import NEWEST_RELEASE
+from hs_tracer.static_checks.wiring import Wiring, capture, check_wiring, ids_location
 
 
 @dataclass
@@ -108,9 +108,9 @@ def _vocab_findings(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint, 
 def _against_profile(draft: DraftConfig, ckpt: Checkpoint, d2t_keys: list[str],
                      meta: dict[str, Any]) -> list[Finding]:
     """What the profile recorded about the draft as trained: its vocabulary map and norm flags."""
-    from hs_tracer.diagnosis.norm_flags import check_norm_flags
     from hs_tracer.preflight.vocab_map import check_against_training_map
     from hs_tracer.profile.expectation import of_profile
+    from hs_tracer.static_checks.norm_flags import check_norm_flags
 
     d2t = ckpt.load_small(d2t_keys[-1]) if d2t_keys else None
     findings = check_against_training_map(d2t, meta)

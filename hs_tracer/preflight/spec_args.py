@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.errors import InputError
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 # _auto_choose_speculative_params: (steps, topk, draft tokens) by target architecture.

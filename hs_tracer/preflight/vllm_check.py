@@ -2,7 +2,7 @@
 
 vLLM's rules (which keys it reads the draft's layer ids from, its default, what each id means, how
 many states the draft's fc is built for) live in :mod:`hs_tracer.sources`; the findings in
-:mod:`hs_tracer.diagnosis.vllm_wiring`, shared with the live plugin. A wiring vLLM would crash on
+:mod:`hs_tracer.static_checks.vllm_wiring`, shared with the live plugin. A wiring vLLM would crash on
 (the draft's fc takes another number of states than vLLM captures) is refused as critical, with the
 ids to write.
 """
@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hs_tracer import sources as src
-from hs_tracer.diagnosis.findings import Finding, Severity, SlotVerdict
 from hs_tracer.diagnosis.report import Report
-from hs_tracer.diagnosis.vllm_wiring import check_vllm_wiring, wiring_record
+from hs_tracer.findings import Finding, Severity, SlotVerdict
 from hs_tracer.preflight.checkpoint import read_checkpoint
 from hs_tracer.preflight.config import read_draft_config, read_target_config
 from hs_tracer.preflight.runner import CheckResult
+from hs_tracer.static_checks.vllm_wiring import check_vllm_wiring, wiring_record
 
 
 def _fc_in(draft_dir: Path) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.findings import Code, Finding, Severity
 
 
 def _bad(message: str, fix: str, **details: object) -> Finding:

@@ -3,7 +3,7 @@ random, reject or replace."""
 
 from __future__ import annotations
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.preflight.checkpoint import Checkpoint
 from hs_tracer.preflight.config import DraftConfig
 from hs_tracer.preflight.weight_map import (

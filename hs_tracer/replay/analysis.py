@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from hs_tracer import sources as S
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.draft.model import Eagle3Draft
 from hs_tracer.errors import InputError
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.replay import data as D
 from hs_tracer.replay.rule import MIN_TOKENS, Level, training_level
 from hs_tracer.replay.runner import EMBEDDING, Agreement, Wiring, agreement, describe, unigram_baseline

@@ -1,7 +1,7 @@
 """The SGLang releases hs_tracer supports: one adapter module per release family, and the lookups.
 
 This is the one place that knows SGLang releases by number. Each module ``v0_5_<n>.py`` describes one
-family (releases whose internals agree, :class:`~.adapter.ReleaseFamily`): its hooks with the phase
+family (releases whose internals agree, :class:`~.adapter.SGLangFamily`): its hooks with the phase
 each runs in, its layer-id rules, its draft classes' layouts, its scheduler entry. It is data: nothing
 here imports SGLang, so the checks and the diagnosis read layer-id rules and release labels here, and
 the SGLang integration builds its version guard and hook table from the same families.
@@ -17,11 +17,11 @@ import re
 
 from hs_tracer.errors import InputError
 from hs_tracer.sglang_releases import v0_5_11, v0_5_12, v0_5_13, v0_5_16, v0_5_17, v0_5_22
-from hs_tracer.sglang_releases.adapter import LayerIdRules, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
 
 # Newest first: FAMILIES[0] is the newest family, and a release newer than every family's is checked
 # against it (``untested``).
-FAMILIES: tuple[ReleaseFamily, ...] = (
+FAMILIES: tuple[SGLangFamily, ...] = (
     v0_5_22.FAMILY, v0_5_17.FAMILY, v0_5_16.FAMILY, v0_5_13.FAMILY, v0_5_12.FAMILY, v0_5_11.FAMILY,
 )
 
@@ -59,7 +59,7 @@ def is_untested(version: str | None) -> bool:
     return key is not None and newest is not None and key > newest
 
 
-def family_for(version: str | None) -> ReleaseFamily | None:
+def family_for(version: str | None) -> SGLangFamily | None:
     """The family of an SGLang version: the one listing its release; for a release newer than the
     newest listed one the newest family (:func:`is_untested`); None when hs_tracer does not support it."""
     if version is None:

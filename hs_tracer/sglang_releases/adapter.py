@@ -1,52 +1,18 @@
 """What one SGLang release family's adapter says about it: data only, no SGLang import.
 
 A family is a group of releases whose internals agree. Its adapter module (``v0_5_22.py``, ...)
-builds one :class:`ReleaseFamily`: the hooks (target, handler, phase, what they read), the layer-id
-rules its ``set_eagle3_layers_to_capture`` applies, the layout of its EAGLE-3 draft classes, the
-scheduler entry that loads plugins and the keys of its per-request speculative counters.
+builds one :class:`SGLangFamily`, an :class:`~hs_tracer.release_table.ReleaseFamily`: the hooks
+(target, handler, phase, what they read), the layer-id rules its ``set_eagle3_layers_to_capture``
+applies, the layout of its EAGLE-3 draft classes, the scheduler entry that loads plugins and the
+keys of its per-request speculative counters.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
-class Phase(str, enum.Enum):
-    """When a hook runs: this decides how it is guarded and which hooks a debugging wrapper arms."""
-
-    STARTUP = "startup"  # once per runner or worker while the engine starts, before serving
-    CAPTURE = "capture"  # each forward of a model body or of the logits processor (recorded at graph capture)
-    STEP = "step"  # each prefill or verify step, in the scheduler's Python, never under torch.compile
-
-
-@dataclass(frozen=True)
-class Hook:
-    """One hook: SGLang's ``target`` (dotted path), when it runs, and the hs_tracer function it runs.
-
-    ``params`` are the target's parameters (after self) the handler reads; the guard checks them
-    against the installed signature. ``reads`` are the attributes it reads from them (documented in
-    the support matrix; a missing one switches tracing off at the first call, never serving).
-    """
-
-    target: str
-    type: str  # "before" or "after" (SGLang's HookType values)
-    handler: str  # "module:function"
-    phase: Phase
-    params: tuple[str, ...] = ()
-    reads: tuple[str, ...] = ()
-    worker: str = ""  # "V1" or "V2" for the speculative worker's own hooks; "" for the shared ones
-    # A model body's hook: where its class is not importable (a kernel this machine lacks, a release
-    # without that model) none of its models can be served, so the hook is left out instead of
-    # switching tracing off.
-    optional: bool = False
-
-    @property
-    def name(self) -> str:
-        """``Class.method`` (or the function's name): guard label and fault-injection name."""
-        parts = self.target.split(".")
-        return ".".join(parts[-2:]) if parts[-2][:1].isupper() else parts[-1]
+from hs_tracer import release_table
 
 
 @dataclass(frozen=True)
@@ -81,14 +47,11 @@ class MetaCounters:
 
 
 @dataclass(frozen=True)
-class ReleaseFamily:
+class SGLangFamily(release_table.ReleaseFamily):
     """Releases whose hook targets, signatures, scheduler entry, layer-id rules and draft classes agree."""
 
-    name: str
-    releases: tuple[str, ...]  # exact releases (their .postN builds count as them)
     workers: tuple[str, ...]  # EAGLE-3 workers the release ships, default first
     scheduler_entry: tuple[str, str]  # (module, function) that starts a scheduler and loads plugins
-    hooks: tuple[Hook, ...]
     layer_id_rules: LayerIdRules
     # Draft class name -> layout; a class not listed is read leniently (what is missing is unknown).
     draft_layouts: Mapping[str, DraftLayout]
@@ -107,7 +70,7 @@ class ReleaseFamily:
     # Its responses' counter keys (the defaults: 0.5.12 on).
     meta_counters: MetaCounters = MetaCounters()
 
-    def hooks_for(self, worker: str) -> tuple[Hook, ...]:
+    def hooks_for(self, worker: str) -> tuple[release_table.Hook, ...]:
         return tuple(h for h in self.hooks if h.worker in ("", worker))
 
     def layouts_of(self, release: str | None) -> Mapping[str, DraftLayout]:

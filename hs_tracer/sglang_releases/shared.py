@@ -6,7 +6,8 @@ families that use it.
 
 from __future__ import annotations
 
-from hs_tracer.sglang_releases.adapter import DraftLayout, Hook, Phase
+from hs_tracer.release_table import Hook, Phase
+from hs_tracer.sglang_releases.adapter import DraftLayout
 
 RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 V2 = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"

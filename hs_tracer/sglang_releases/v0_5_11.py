@@ -5,10 +5,11 @@ which have no plugin system."""
 
 from __future__ import annotations
 
+from hs_tracer.release_table import Hook, Phase
 from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import Hook, LayerIdRules, MetaCounters, Phase, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import LayerIdRules, MetaCounters, SGLangFamily
 
-FAMILY = ReleaseFamily(
+FAMILY = SGLangFamily(
     name="0.5.11",
     releases=("0.5.11",),
     workers=("V2", "V1"),

@@ -3,10 +3,11 @@ after ``_resolve_spec_overlap_tokens``, V1's in ``num_correct_drafts_per_req_cpu
 
 from __future__ import annotations
 
+from hs_tracer.release_table import Hook, Phase
 from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import Hook, LayerIdRules, Phase, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
 
-FAMILY = ReleaseFamily(
+FAMILY = SGLangFamily(
     name="0.5.12",
     releases=("0.5.12",),
     workers=("V2", "V1"),

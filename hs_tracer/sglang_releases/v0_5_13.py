@@ -5,9 +5,9 @@ only when the first id is 1, and on 0.5.13 a captured layer 0 of a DeepSeek targ
 from __future__ import annotations
 
 from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import DraftLayout, LayerIdRules, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import DraftLayout, LayerIdRules, SGLangFamily
 
-FAMILY = ReleaseFamily(
+FAMILY = SGLangFamily(
     name="0.5.13",
     releases=("0.5.13", "0.5.14", "0.5.15"),
     workers=("V2",),

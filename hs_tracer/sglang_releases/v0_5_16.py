@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import LayerIdRules, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
 
-FAMILY = ReleaseFamily(
+FAMILY = SGLangFamily(
     name="0.5.16",
     releases=("0.5.16",),
     workers=("V2",),

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from hs_tracer.release_table import Hook, Phase
 from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import Hook, LayerIdRules, Phase, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
 
-FAMILY = ReleaseFamily(
+FAMILY = SGLangFamily(
     name="0.5.17",
     releases=("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21"),
     workers=("V2",),

@@ -25,8 +25,9 @@ from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import state, versions
 from hs_tracer.integrations.sglang.draft_layout import read_draft
 from hs_tracer.integrations.sglang.state import TracerState
+from hs_tracer.release_table import Hook
 from hs_tracer.sglang_releases import FAMILIES
-from hs_tracer.sglang_releases.adapter import Hook, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import SGLangFamily
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -186,7 +187,7 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, batch: Any, ba
                                    *_a: Any, **_k: Any) -> None:
     """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
     the step number goes onto ``batch_result``, which SGLang hands to the result hook later, and
-    the batch's request list is noted (steps.py: which requests SGLang skips)."""
+    the batch's request list is noted (core/steps.py: which requests SGLang skips)."""
     steps = st.steps
     if steps is not None:
         steps.observe_decode(batch_result.logits_output.hidden_states, batch_result,
@@ -235,7 +236,7 @@ def int_list(values: Any) -> list[int] | None:
 Wrap = Callable[[Hook, Callable[..., Any]], Callable[..., Any]]
 
 
-def hook_table(family: ReleaseFamily | None = None,
+def hook_table(family: SGLangFamily | None = None,
                wrap: Wrap | None = None) -> list[tuple[str, Any, HookType]]:
     """(target, guarded hook, type) for each hook of ``family`` (default: the installed release's
     family, the newest without one) that registers in this process: a model body whose module cannot

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hs_tracer.core.steps import STEP_ATTR
 from hs_tracer.integrations.sglang import hooks
 from hs_tracer.integrations.sglang.draft_layout import read_draft
 from hs_tracer.integrations.sglang.state import TracerState
-from hs_tracer.integrations.sglang.steps import STEP_ATTR
 
 
 # ---- startup (V1 and V2 workers of this family) -----------------------------------------------------

@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hs_tracer import config, sglang_releases
+from hs_tracer.core.plugin import called_from, settings
 from hs_tracer.integrations.sglang import versions
 
 if TYPE_CHECKING:
@@ -47,12 +47,7 @@ def register(wrap: Wrap | None = None) -> None:
 
 def _in_scheduler_process() -> bool:
     """SGLang calls ``load_plugins()`` first thing in its scheduler entry: look for that frame."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in sglang_releases.SCHEDULER_ENTRIES:
-            return True
-        frame = frame.f_back
-    return False
+    return called_from(sglang_releases.SCHEDULER_ENTRIES)
 
 
 def _entry_problem() -> str | None:
@@ -77,13 +72,9 @@ def _entry_problem() -> str | None:
 
 
 def _register(wrap: Wrap | None = None) -> None:
-    from hs_tracer.inputs import env
-
-    cfg, error = env.validate(os.environ)
-    if error:
-        logger.error("%s", error)
+    cfg = settings(os.environ)
+    if cfg is None:
         return
-    logger.setLevel(cfg.log_level)
 
     found = versions.problems()
     family = versions.installed_family()

@@ -1,12 +1,14 @@
-"""Per-process tracer state, the step path, and the fail-safe guard every hook runs under.
+"""Per-process tracer state inside SGLang, over the engine-neutral one (:mod:`hs_tracer.core.state`),
+and the guard SGLang's hooks run under.
 
 One :class:`TracerState` per scheduler process. The hooks hand it what they read from SGLang; it
-keeps the wiring, owns the fingerprint probe, turns each verify step into a
-:class:`~hs_tracer.records.StepRecord` on a bounded queue, and starts the background
+keeps the wiring, owns the fingerprint probes (built before SGLang captures its graphs), builds the
+step path (:mod:`hs_tracer.core.steps`) and starts the background
 :class:`~hs_tracer.export.recorder.Recorder` that exports and diagnoses off the scheduler thread.
 
 A hook that raises is counted, logged once and switches the tracer off; SGLang's own call then
-proceeds exactly as if hs_tracer were not there.
+proceeds exactly as if hs_tracer were not there. Under torch.compile the hooks fold away
+(:func:`guarded`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -22,16 +23,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import torch
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.core import state as core
+from hs_tracer.core.steps import StepPath
+from hs_tracer.export.recorder import Recorder
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
-    from hs_tracer.diagnosis.findings import Finding
-    from hs_tracer.export.capture import CaptureSink
-    from hs_tracer.export.recorder import Recorder
-    from hs_tracer.export.report_file import ReportFile
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.integrations.sglang.identity import IdentitySampler
-    from hs_tracer.integrations.sglang.steps import StepPath
 
 logger = logging.getLogger("hs_tracer")
 
@@ -39,36 +38,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
-class TracerState:
-    config: TracerConfig
-    enabled: bool = True
-    hook_errors: int = 0
-    disabled_reason: str | None = None
-    # What the startup hooks read; merged into the WiringRecord by finish_startup().
-    target: dict[str, Any] = field(default_factory=dict)
-    aux: dict[str, Any] = field(default_factory=dict)
-    draft: dict[str, Any] = field(default_factory=dict)
-    draft_config: dict[str, Any] = field(default_factory=dict)
-    spec_args: dict[str, Any] = field(default_factory=dict)
+class TracerState(core.TracerState):
+    """SGLang's scheduler process: what its startup hooks read, its probes, capture and identity sampling."""
+
     target_logits_processor: Any = None
     target_device: Any = "cpu"  # torch.device of the target's outputs
     target_dtype: Any = None  # torch dtype the target computes in (the probe is warmed for it)
-    wiring: WiringRecord | None = None
-    static_findings: list[Finding] = field(default_factory=list)
-    profile_fits: bool = True  # False: HS_TRACER_PROFILE is of another model and is not used
     captured_layers: list[list[int]] = field(default_factory=list)  # per sampled target forward
     capture_widths: list[int] = field(default_factory=list)
     handoff_widths: list[int] = field(default_factory=list)
-    ranks: Ranks | None = None
-    emitting: bool = True  # False on ranks other than attention-TP rank 0
-    # Step path: None until startup finished on this rank (non-last pipeline stages never get one).
-    steps: StepPath | None = None
-    role: str = "null"  # SGLang's disaggregation_mode: "null" (both), "prefill" or "decode"
-    recorder: Recorder | None = None
-    capture: CaptureSink | None = None  # HS_TRACER_CAPTURE_DIR: sampled draft inputs (export/capture.py)
     identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _report_file: ReportFile | None = None
     _probes: tuple[FingerprintProbe | None, FingerprintProbe | None] | None = None  # (decode, prefill)
     # Facts of the installed SGLang, read once by install(): reading a distribution's metadata
     # scans sys.path (~1 ms a call), far too slow for status(), which the recorder thread calls
@@ -77,12 +56,6 @@ class TracerState:
     own_targets: frozenset[str] = frozenset()  # the targets of the installed family's hooks
 
     CAPTURE_SAMPLES: ClassVar[int] = 8  # capture-metadata calls recorded (then the hook returns at once)
-    RING_SIZE: ClassVar[int] = 4096  # digest ring rows: steps the recorder may fall behind between batches
-
-    @property
-    def dropped(self) -> int:
-        """Verify steps the recorder fell too far behind to take (oldest first)."""
-        return self.steps.dropped if self.steps is not None else 0
 
     @property
     def max_accept_length(self) -> int | None:
@@ -104,21 +77,6 @@ class TracerState:
         startup hook that runs before they are."""
         return (self.ranks or _ranks()[0]).tp
 
-    def fail(self, where: str, exc: BaseException) -> None:
-        """Record a hook error and switch tracing off for the rest of this process's life."""
-        with self._lock:
-            self.hook_errors += 1
-            first = self.enabled
-            self.enabled = False
-            self.disabled_reason = f"{where}: {type(exc).__name__}: {exc}"
-        if first:
-            logger.error("hs_tracer: error in %s, tracing switched off; serving continues", where,
-                         exc_info=exc)
-        try:
-            self.write_report()
-        except Exception:  # the report is best effort; the tracer is already off
-            logger.debug("hs_tracer: could not write the report after a failure", exc_info=True)
-
     # ---- startup -----------------------------------------------------------------------------------
     def note_capture(self, layers: list[int], width: int) -> None:
         self.captured_layers.append(layers)
@@ -130,7 +88,7 @@ class TracerState:
     def finish_startup(self) -> None:
         """All startup hooks have run: build the wiring record, run the static checks, start
         the recorder."""
-        from hs_tracer.diagnosis import wiring as static
+        from hs_tracer.static_checks import wiring as static
 
         was_emitting = self._probes is not None and self.emitting
         self.ranks, self.emitting = _ranks()
@@ -141,7 +99,7 @@ class TracerState:
         live = static.with_draft_config(live, self.draft_config)
         trained, unfit = None, None
         if self.config.profile is not None:
-            trained, unfit = self._trained_sources()
+            trained, unfit = self.trained_sources()
         self.static_findings = static.check_wiring(live, trained)
         if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
             self.static_findings.insert(0, unfit)
@@ -153,9 +111,6 @@ class TracerState:
             logger.info("hs_tracer: tracing on (tp %d, pp %d, dp %d): %s feeds the draft %s; %d startup "
                         "finding(s)", r.tp, r.pp, r.dp, self.wiring.target_arch,
                         ", ".join(self.wiring.sources) or "no aux hidden states", len(self.static_findings))
-            from hs_tracer.export.recorder import Recorder
-            from hs_tracer.integrations.sglang.steps import StepPath
-
             decode, prefill = self._probes if self._probes is not None else self._make_probes()
             self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks,
                                   self.config.queue_size)
@@ -199,25 +154,6 @@ class TracerState:
         if isinstance(hidden, torch.Tensor) and isinstance(slots, torch.Tensor):
             probe.record_in_graph(hidden, slots)
 
-    def _trained_sources(self) -> tuple[list[str] | None, Finding | None]:
-        """The profile's trained sources, or (for a profile of another model) the finding that says
-        so, with the profile left unused (:func:`hs_tracer.profile.model.other_model`)."""
-        from hs_tracer.diagnosis.findings import Code, Finding, Severity
-        from hs_tracer.profile.model import OTHER_MODEL_FIX, Profile, other_model
-
-        assert self.config.profile is not None
-        profile = Profile.load(self.config.profile)
-        t = self.target
-        problem = other_model(profile.meta, hidden_size=t.get("hidden_size"), num_layers=t.get("num_layers"),
-                              draft_vocab=self.draft_config.get("draft_vocab_size"))
-        if problem:
-            self.profile_fits = False
-            # a warning: what is served may well be right; it is the reference that cannot judge it
-            return None, Finding(Code.PROFILE_MISMATCH, Severity.WARNING,
-                                 f"HS_TRACER_PROFILE={self.config.profile}: {problem}: nothing was compared "
-                                 "with training (slots, acceptance)", OTHER_MODEL_FIX)
-        return list(profile.sources), None
-
     def _make_probes(self) -> tuple[FingerprintProbe | None, FingerprintProbe | None]:
         """The decode and prefill probe (one and the same on a combined instance), built and
         warmed now (the Triton kernel compiled for the model's dtype, buffers allocated) so the
@@ -236,7 +172,7 @@ class TracerState:
             return None, probe
         if self.role == "decode":
             return probe, None
-        return probe, probe  # combined instance: one window stream (steps.py says which rows)
+        return probe, probe  # combined instance: one window stream (core/steps.py says which rows)
 
     def capture_prefill(self, batch: Any, features: Any, next_token_ids: Any, prefix_lens: Any = None,
                         extend_lens: Any = None) -> None:
@@ -268,8 +204,8 @@ class TracerState:
                 "aux_widths": sorted(set(self.capture_widths)),
                 "handoff_widths": sorted(set(self.handoff_widths)),
             },
-            "wiring": _asdict(self.wiring),
-            "ranks": _asdict(self.ranks),
+            "wiring": core.asdict_or_none(self.wiring),
+            "ranks": core.asdict_or_none(self.ranks),
             "role": self.role,
             "probes": None if self.steps is None else {
                 "decode": self.steps.decode is not None, "prefill": self.steps.prefill is not None,
@@ -282,25 +218,7 @@ class TracerState:
                 "dropped": self.capture.dropped, "stopped": self.capture.stopped},
             "identity": None if self.identity is None else self.identity.status(),
         }
-        overhead = self.recorder.overhead_json() if self.recorder is not None else None
-        if overhead is not None:  # in-thread analysis; else the export process adds it to the report
-            out["overhead"] = overhead
-        diagnosis = self.recorder.report_json() if self.recorder is not None else None
-        if diagnosis is not None:
-            out["diagnosis"] = diagnosis
-        elif self.static_findings:
-            out["diagnosis"] = {"findings": [f.to_json() for f in self.static_findings]}
-        return out
-
-    def write_report(self) -> None:
-        """Write this process's status to ``HS_TRACER_REPORT_DIR``, if set (export/report_file.py)."""
-        if self.config.report_dir is None:
-            return
-        if self._report_file is None:
-            from hs_tracer.export.report_file import ReportFile
-
-            self._report_file = ReportFile(self.config.report_dir, os.getpid())
-        self._report_file.write(self.status())
+        return self.with_diagnosis(out)
 
 
 def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, Any],
@@ -407,13 +325,7 @@ def _role() -> str:
     return str(getattr(disagg, "disaggregation_mode", None) or "null")
 
 
-def _asdict(obj: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.asdict(obj) if obj is not None else None
-
-
-_STATE: TracerState | None = None
+SLOT: core.Slot[TracerState] = core.Slot()
 
 
 def install(cfg: TracerConfig) -> TracerState:
@@ -422,16 +334,14 @@ def install(cfg: TracerConfig) -> TracerState:
     from hs_tracer.integrations.sglang import versions
     from hs_tracer.sglang_releases import FAMILIES, family_for
 
-    global _STATE
     version = versions.installed_version()
     family = family_for(version) or FAMILIES[0]  # the newest family's without a supported release
-    _STATE = TracerState(cfg, sglang_version=version or "",
-                         own_targets=frozenset(h.target for h in family.hooks))
-    return _STATE
+    return SLOT.install(TracerState(cfg, sglang_version=version or "",
+                                    own_targets=frozenset(h.target for h in family.hooks)))
 
 
 def current() -> TracerState | None:
-    return _STATE
+    return SLOT.state
 
 
 def _compiling() -> bool:
@@ -456,26 +366,15 @@ def guarded(where: str, traceable: bool = True) -> Callable[[F], F]:
     """
 
     def decorate(fn: F) -> F:
-        @functools.wraps(fn)
-        def guard(*args: Any, **kwargs: Any) -> None:
-            st = _STATE
-            if st is None or not st.enabled:
-                return None
-            try:
-                if st.config.fault_inject is not None and st.config.fault_here(where, st.tp_rank):
-                    raise RuntimeError(f"fault injected by HS_TRACER_FAULT_INJECT={where}")
-                fn(st, *args, **kwargs)
-            except Exception as exc:  # the tracer must never break serving
-                st.fail(where, exc)
-            return None
+        guard = SLOT.guarded(where)(fn)
+        if not traceable:
+            return guard
 
-        wrapper = guard
-        if traceable:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> None:
-                if _compiling():  # traced by torch.compile (piecewise prefill): invisible to Dynamo
-                    return None
-                return guard(*args, **kwargs)
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            if _compiling():  # traced by torch.compile (piecewise prefill): invisible to Dynamo
+                return None
+            return guard(*args, **kwargs)
 
         wrapper.__hs_tracer_where__ = where  # type: ignore[attr-defined]  # the name faults are injected by
         return wrapper  # type: ignore[return-value]

@@ -19,21 +19,18 @@ import pkgutil
 import re
 import sys
 
+from hs_tracer.release_table import Hook, family_or_problem, handler_name, signature_problems
 from hs_tracer.sglang_releases import FAMILIES, family_for, is_untested, rules_release, supported_text
-from hs_tracer.sglang_releases.adapter import Hook, MetaCounters, ReleaseFamily
+from hs_tracer.sglang_releases.adapter import MetaCounters, SGLangFamily
 
 
 def hook_name(handler: str) -> str:
     """The name a handler (``module:function``) runs under: its hook's in the installed release's
     family, else in the first family that lists it."""
-    for family in (installed_family(), *FAMILIES):
-        for hook in family.hooks if family is not None else ():
-            if hook.handler == handler:
-                return hook.name
-    raise KeyError(f"{handler} is no hook's handler in the version table")
+    return handler_name(handler, (installed_family(), *FAMILIES))
 
 
-def hooks_here(family: ReleaseFamily, worker: str | None = None) -> tuple[Hook, ...]:
+def hooks_here(family: SGLangFamily, worker: str | None = None) -> tuple[Hook, ...]:
     """The family's hooks that register in this process (the worker's, or every worker's): a model
     body whose module cannot be imported here is left out, as none of its models can be served."""
     hooks = family.hooks if worker is None else family.hooks_for(worker)
@@ -58,7 +55,7 @@ def installed_version() -> str | None:
         return None
 
 
-def installed_family() -> ReleaseFamily | None:
+def installed_family() -> SGLangFamily | None:
     return family_for(installed_version())
 
 
@@ -68,7 +65,7 @@ def installed_meta_counters() -> MetaCounters:
     return (installed_family() or FAMILIES[0]).meta_counters
 
 
-def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = None) -> list[str]:
+def problems(family: SGLangFamily | None = None, *, check_reads: bool | None = None) -> list[str]:
     """What is missing or changed in the installed SGLang, as short phrases (empty: supported).
 
     ``family`` overrides the family chosen by the installed version (tests check one family's targets
@@ -77,12 +74,10 @@ def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = 
     DeepSeek and gpt-oss layer-id rules are still the family's.
     """
     version = installed_version()
-    if version is None:
-        return ["sglang is not installed"]
-    if family is None:
-        family = family_for(version)
-        if family is None:
-            return [f"sglang {version} is not a supported release ({supported_text()})"]
+    checked = family_or_problem("sglang", version, family or family_for(version), supported_text())
+    if isinstance(checked, str):
+        return [checked]
+    family = checked
     if check_reads is None:
         check_reads = is_untested(version)
     # Outside a scheduler process the first import of SGLang's modules can stop inside one of its own
@@ -96,7 +91,7 @@ def problems(family: ReleaseFamily | None = None, *, check_reads: bool | None = 
 _WORD_RE = re.compile(r"\b\w+\b")
 
 
-def _changed_reads(family: ReleaseFamily) -> list[str]:
+def _changed_reads(family: SGLangFamily) -> list[str]:
     """Each attribute a hook reads must still be there. Where the read starts at a parameter (or the
     result) whose annotation names a class, its first attribute must be one of that class's fields or
     attributes; every other name must still occur in the target's module or, failing that, in an
@@ -215,7 +210,7 @@ def _changed_layer_id_rules() -> list[str]:
     return found
 
 
-def _missing(family: ReleaseFamily) -> list[str]:
+def _missing(family: SGLangFamily) -> list[str]:
     """The family's scheduler entry, targets and parameters that the installed SGLang lacks."""
     found: list[str] = []
     module, function = family.scheduler_entry
@@ -224,19 +219,5 @@ def _missing(family: ReleaseFamily) -> list[str]:
     except (ImportError, AttributeError) as exc:
         found.append(f"the scheduler process entry {module}.{function} is missing ({type(exc).__name__}): "
                      "SGLang starts schedulers elsewhere now")
-    for target in sorted({h.target for h in hooks_here(family)}):
-        params = {p for h in family.hooks if h.target == target for p in h.params}
-        try:
-            fn = pkgutil.resolve_name(target)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{target} is missing ({type(exc).__name__})")
-            continue
-        try:
-            names = set(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            found.append(f"{target} has no inspectable signature")
-            continue
-        missing = sorted(p for p in params if p not in names)
-        if missing:
-            found.append(f"{target} no longer takes {', '.join(missing)}")
+    found += signature_problems(family.hooks, {h.target for h in hooks_here(family)})
     return found

@@ -21,13 +21,10 @@ Per step, all in Python that vLLM runs outside its compiled graphs:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from hs_tracer.integrations.vllm import state, versions
 from hs_tracer.integrations.vllm.state import RequestRef, TracerState
-
-if TYPE_CHECKING:
-    from hs_tracer.diagnosis.findings import Finding
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,7 +39,7 @@ def hook(fn: F) -> F:
 def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     """The target, the layers vLLM set it to capture, the loaded draft: the wiring, then the step path."""
     from hs_tracer import sources
-    from hs_tracer.diagnosis.vllm_wiring import check_vllm_wiring, wiring_record
+    from hs_tracer.static_checks.vllm_wiring import check_vllm_wiring, wiring_record
 
     spec = runner.speculative_config
     if spec is None or st.wiring is not None:
@@ -71,7 +68,7 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     # a chain of ``steps`` drafts per verify: SGLang's speculative_num_steps, the name the exporters read
     st.spec_args = {"method": str(spec.method), "num_speculative_tokens": steps,
                     "speculative_num_steps": steps}
-    profile_sources, unfit = _profile_sources(st)
+    profile_sources, unfit = st.trained_sources()
     wiring = wiring_record(st.target, capture, st.draft, st.spec_args, version)
     findings = check_vllm_wiring(wiring, capture, st.draft_config, profile_sources)
     if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
@@ -111,27 +108,6 @@ def _config_dict(hf_config: Any) -> dict[str, Any]:
     out = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(vars(hf_config))
     out.pop("model", None)  # vLLM's EAGLE config wraps the draft's own config; its keys are copied up
     return out
-
-
-def _profile_sources(st: TracerState) -> tuple[list[str] | None, Finding | None]:
-    """The profile's trained sources, or (a profile of another model) the finding that says so, with
-    the profile left unused (:func:`hs_tracer.inputs.profile.other_model`, the rule for every engine)."""
-    if st.config.profile is None:
-        return None, None
-    from hs_tracer.diagnosis.findings import Code, Finding, Severity
-    from hs_tracer.inputs.profile import OTHER_MODEL_FIX, other_model
-    from hs_tracer.profile.model import Profile
-
-    profile = Profile.load(st.config.profile)
-    problem = other_model(profile.meta, hidden_size=st.target.get("hidden_size"),
-                          num_layers=st.target.get("num_layers"),
-                          draft_vocab=st.draft_config.get("draft_vocab_size"))
-    if problem:
-        st.profile_fits = False
-        return None, Finding(Code.PROFILE_MISMATCH, Severity.WARNING,
-                             f"HS_TRACER_PROFILE={st.config.profile}: {problem}: nothing was compared with "
-                             "training (slots, acceptance)", OTHER_MODEL_FIX)
-    return list(profile.sources), None
 
 
 # ---- per step --------------------------------------------------------------------------------------

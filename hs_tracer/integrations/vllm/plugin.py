@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
+import pkgutil
 
 from hs_tracer import config
+from hs_tracer.core.plugin import called_from, settings
 from hs_tracer.integrations.vllm import versions
 
 logger = logging.getLogger("hs_tracer")
@@ -37,24 +38,13 @@ def register() -> None:
 def _in_engine_process() -> bool:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0":
         return True  # the engine core runs in the process that loads the plugins first
-    frame = sys._getframe(1)
-    while frame is not None:
-        if (frame.f_globals.get("__name__"), frame.f_code.co_name) in ENGINE_ENTRIES:
-            return True
-        frame = frame.f_back
-    return False
+    return called_from(ENGINE_ENTRIES)
 
 
 def _register() -> None:
-    import pkgutil
-
-    from hs_tracer.inputs import env
-
-    cfg, error = env.validate(os.environ)
-    if error:
-        logger.error("%s", error)
+    cfg = settings(os.environ)
+    if cfg is None:
         return
-    logger.setLevel(cfg.log_level)
     found = versions.problems()
     family = versions.installed_family()
     if found or family is None:

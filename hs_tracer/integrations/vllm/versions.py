@@ -1,6 +1,7 @@
 """The vLLM releases hs_tracer supports, and for each release family the internals its hooks use.
 
-The one place that knows vLLM's internals by name: one :class:`ReleaseFamily` per group of releases
+The one place that knows vLLM's internals by name: one
+:class:`~hs_tracer.release_table.ReleaseFamily` per group of releases
 whose internals agree, listing every hook (the method it wraps, before or after, the handler in
 hs_tracer, the parameters and attributes it reads). The plugin's version guard, its patching, the
 hook names (guard labels and ``HS_TRACER_FAULT_INJECT`` values), the tests and the support matrix in
@@ -15,41 +16,21 @@ hs_tracer.
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
-import pkgutil
 import re
-from dataclasses import dataclass
+
+from hs_tracer.release_table import (
+    Hook,
+    Phase,
+    ReleaseFamily,
+    family_or_problem,
+    handler_name,
+    signature_problems,
+)
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 _SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 _MODELS = "vllm.model_executor.models"
 _HOOKS = "hs_tracer.integrations.vllm.hooks"
-
-
-@dataclass(frozen=True)
-class Hook:
-    """One wrapped method: vLLM's ``target`` (dotted path ``module.Class.method``), when the handler
-    runs, and the hs_tracer handler. ``params``: the target's parameters (after self) the handler
-    reads, checked against the installed signature; ``reads``: attributes it reads (a missing one
-    switches tracing off at the first call, never serving)."""
-
-    target: str
-    type: str  # "before" or "after"
-    handler: str  # "module:function"
-    params: tuple[str, ...] = ()
-    reads: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        """``Class.method``: guard label and fault-injection name."""
-        return ".".join(self.target.split(".")[-2:])
-
-
-@dataclass(frozen=True)
-class ReleaseFamily:
-    name: str
-    releases: tuple[str, ...]
-    hooks: tuple[Hook, ...]
 
 
 # The EAGLE-3 draft classes vLLM 0.32 serves (its model registry maps every EAGLE-3 architecture to
@@ -68,20 +49,21 @@ FAMILIES: tuple[ReleaseFamily, ...] = (
         hooks=(
             # startup: the aux layers are set (after the drafter is loaded) -> the wiring record
             Hook(f"{_RUNNER}._setup_eagle3_aux_hidden_state_outputs", "after",
-                 f"{_HOOKS}:after_setup_aux_layers",
+                 f"{_HOOKS}:after_setup_aux_layers", Phase.STARTUP,
                  reads=("use_aux_hidden_state_outputs", "model", "drafter.model", "model_config",
                         "speculative_config.draft_model_config.hf_config",
                         "speculative_config.num_speculative_tokens")),
             # per step: the step number rides on vLLM's SchedulerOutput to the scheduler's result
             Hook(f"{_RUNNER}.propose_draft_token_ids", "before", f"{_HOOKS}:before_propose",
-                 ("scheduler_output",), ("scheduler_output.total_num_scheduled_tokens",)),
+                 Phase.STEP, ("scheduler_output",), ("scheduler_output.total_num_scheduled_tokens",)),
             *(Hook(f"{cls}.combine_hidden_states", "before", f"{_HOOKS}:before_combine_hidden_states",
-                   ("hidden_states",)) for cls in DRAFT_CLASSES),
+                   Phase.STEP, ("hidden_states",)) for cls in DRAFT_CLASSES),
             # per request and step: vLLM's own spec-decode accounting, then the step's end
             Hook(f"{_SCHEDULER}.make_spec_decoding_stats", "after", f"{_HOOKS}:after_spec_decoding_stats",
+                 Phase.STEP,
                  ("num_draft_tokens", "num_accepted_tokens", "num_invalid_spec_tokens", "request_id")),
             Hook(f"{_SCHEDULER}.update_from_output", "after", f"{_HOOKS}:after_update_from_output",
-                 ("scheduler_output",)),
+                 Phase.STEP, ("scheduler_output",)),
         ),
     ),
 )
@@ -118,36 +100,11 @@ def installed_family() -> ReleaseFamily | None:
 
 def hook_name(handler: str) -> str:
     """The name a handler runs under (the first hook that lists it)."""
-    for family in (installed_family(), *FAMILIES):
-        for hook in family.hooks if family is not None else ():
-            if hook.handler == handler:
-                return hook.name
-    raise KeyError(f"{handler} is no hook's handler in the version table")
+    return handler_name(handler, (installed_family(), *FAMILIES))
 
 
 def problems(family: ReleaseFamily | None = None) -> list[str]:
     """What is missing or changed in the installed vLLM, as short phrases (empty: supported)."""
     version = installed_version()
-    if version is None:
-        return ["vllm is not installed"]
-    if family is None:
-        family = family_for(version)
-        if family is None:
-            return [f"vllm {version} is not a supported release ({', '.join(SUPPORTED_VERSIONS)})"]
-    found: list[str] = []
-    for target in sorted({h.target for h in family.hooks}):
-        params = {p for h in family.hooks if h.target == target for p in h.params}
-        try:
-            fn = pkgutil.resolve_name(target)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{target} is missing ({type(exc).__name__})")
-            continue
-        try:
-            names = set(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            found.append(f"{target} has no inspectable signature")
-            continue
-        missing = sorted(p for p in params if p not in names)
-        if missing:
-            found.append(f"{target} no longer takes {', '.join(missing)}")
-    return found
+    found = family_or_problem("vllm", version, family or family_for(version), ", ".join(SUPPORTED_VERSIONS))
+    return [found] if isinstance(found, str) else signature_problems(found.hooks)

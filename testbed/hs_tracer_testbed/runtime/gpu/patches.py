@@ -147,7 +147,7 @@ def sync_checked(hook: Callable[..., Any],
 def arm_serving_hooks(hook: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """The plugin's ``wrap`` parameter: every hook that runs while serving (the capture and per-step
     phases) armed; the startup hooks, run once before serving, left as they are."""
-    from hs_tracer.sglang_releases.adapter import Phase
+    from hs_tracer.release_table import Phase
 
     return fn if hook.phase is Phase.STARTUP else sync_checked(fn)
 
@@ -279,7 +279,7 @@ def patches(environ: Mapping[str, str] = os.environ) -> dict[str, Callable[[Modu
     if environ.get(BREAKDOWN_FLAG):
         global _breakdown
         _breakdown = HostBreakdown(environ[BREAKDOWN_FLAG])
-        out.update({"hs_tracer.integrations.sglang.steps": breakdown_steps,
+        out.update({"hs_tracer.core.steps": breakdown_steps,
                     "hs_tracer.fingerprint.probe": breakdown_probe,
                     "hs_tracer.fingerprint.launch": breakdown_launch,
                     "hs_tracer.export.step_log": breakdown_log})

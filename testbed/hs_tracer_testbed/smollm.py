@@ -122,24 +122,29 @@ def load_target(target_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
 
 
-# ---- the EAGLE-3 draft, trained here on SpecForge-layout dumps of real text ------------------------
-PAIR_FORMAT = 1
+# ---- the EAGLE-3 draft, trained here on SpecForge-layout dumps of the target's own responses ------
+PAIR_FORMAT = 2
+ASSETS = Path(__file__).parent / "assets_smollm2"
 
 
 @dataclass(frozen=True)
 class PairRecipe:
     """What determines the real pair's draft, data and measurements (the target's recipe included).
 
-    The draft is small and briefly trained so that a 2-core CI machine builds it in minutes; what
-    it must do is depend on the layers it is fed, like a production draft, not be fast.
+    Trained like production EAGLE-3 drafts: on the target's own greedy responses to chat prompts
+    of one domain (self-distillation), loss on the response tokens only, three TTT steps. Held-out
+    prompts of the same domain (other subjects) measure it. Training takes a long CPU run, so the
+    weights are committed (``assets_smollm2``) and reused while this recipe's digest matches.
     """
 
     target: TargetRecipe = field(default_factory=TargetRecipe)
     draft: DraftRecipe = field(default_factory=lambda: DraftRecipe(
-        intermediate=512, heads=9, kv_heads=3, draft_vocab=1024, ttt_steps=2, train_steps=80, batch_size=4,
-        lr=4e-3, token_dropout=0.5))
-    train_domain: str = "docs"
-    train_docs: int = 96
+        intermediate=768, heads=9, kv_heads=3, draft_vocab=3072, ttt_steps=3, train_steps=600, batch_size=8,
+        lr=3e-3, token_dropout=0.1))
+    train_domain: str = "instruct"
+    train_prompts: int = 384
+    max_new_tokens: int = 160
+    generate_batch: int = 16
     seq_len: int = 128
     atlas_docs: int = 8
     other_domain: str = "code"
@@ -181,6 +186,29 @@ class PairPaths:
         return json.loads(self.manifest.read_text())
 
 
+def prebuilt_assets(recipe: PairRecipe) -> Path | None:
+    """The committed draft (and the responses it was trained on) if ``recipe`` made them."""
+    meta = ASSETS / "prebuilt.json"
+    if meta.exists() and json.loads(meta.read_text()).get("recipe_hash") == recipe.digest():
+        return ASSETS
+    return None
+
+
+def export_assets(paths: PairPaths, dest: Path = ASSETS) -> Path:
+    """Copy a from-scratch build's draft and training responses into ``dest`` (the committed assets)."""
+    manifest = paths.load_manifest()
+    if manifest.get("weights") != "trained":
+        raise ValueError(f"{paths.root} reused prebuilt weights; export only a --from-scratch build")
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(paths.draft, dest / "draft")
+    shutil.copy(paths.root / "responses.json", dest / "responses.json")
+    meta = {key: manifest[key] for key in ("recipe_hash", "recipe", "versions")}
+    meta["draft"] = manifest["draft"]
+    (dest / "prebuilt.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return dest
+
+
 def layer_plan(num_layers: int) -> dict[str, Any]:
     """The pair's layer ids: SpecForge's default C_out ids in the draft config, which SGLang's Llama
     rule (+1 to every id) turns into the inputs of the next layers, i.e. the same block outputs."""
@@ -206,20 +234,29 @@ def encode(tokenizer: Any, texts: list[str], seq_len: int) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False).input_ids[:seq_len] for t in texts]
 
 
+def train_prompts(recipe: PairRecipe) -> list[str]:
+    """The chat prompts whose responses the draft is trained on."""
+    from hs_tracer_testbed import realtext
+
+    return spread(realtext.documents(recipe.train_domain), recipe.train_prompts)
+
+
 def _dump(paths: PairPaths, recipe: PairRecipe, model: Any, tokenizer: Any, plan: dict[str, Any],
-          progress: bool) -> dict[str, Any]:  # fmt: skip
+          responses: list[list[int]], progress: bool) -> dict[str, Any]:  # fmt: skip
+    """SpecForge records of prompt + response (loss mask on the response), the atlas of the first
+    few, the atlas of another domain, and the draft vocabulary (the responses' commonest tokens)."""
     import torch
     from tqdm import tqdm
 
     from hs_tracer_testbed import dumps, realtext
     from hs_tracer_testbed.draft_train import save_vocab_mapping
 
-    seqs = encode(tokenizer, realtext.documents(recipe.train_domain)[: recipe.train_docs], recipe.seq_len)
+    prompt_ids = encode(tokenizer, train_prompts(recipe), 10**9)
     c_out, atlas_c_in = plan["specforge_c_out"], plan["atlas_c_in"]
-    for i, seq in enumerate(tqdm(seqs, desc="dump hidden states", disable=not progress)):
-        st = dumps.layer_states(model, torch.tensor(seq))
-        mask = torch.ones(len(seq), dtype=torch.long)
-        mask[0] = 0  # the first token is never a prediction target
+    for i, (p, r) in enumerate(tqdm(list(zip(prompt_ids, responses, strict=True)), desc="dump hidden states",
+                                    disable=not progress)):
+        st = dumps.layer_states(model, torch.tensor(p + r))
+        mask = torch.cat([torch.zeros(len(p), dtype=torch.long), torch.ones(len(r), dtype=torch.long)])
         dumps.write_specforge(paths.specforge_data, i, st, c_out, mask)
         if i < recipe.atlas_docs:
             dumps.write_speculators(paths.atlas_data, i, st, atlas_c_in, final_norm=True)
@@ -227,21 +264,21 @@ def _dump(paths: PairPaths, recipe: PairRecipe, model: Any, tokenizer: Any, plan
     for i, seq in enumerate(other):
         dumps.write_speculators(paths.other_data, i, dumps.layer_states(model, torch.tensor(seq)), atlas_c_in,
                                 final_norm=True)
-    mapping = dumps.vocab_mapping([s[1:] for s in seqs], model.config.vocab_size, recipe.draft.draft_vocab)
+    mapping = dumps.vocab_mapping(responses, model.config.vocab_size, recipe.draft.draft_vocab)
     save_vocab_mapping(paths.specforge_data, mapping)
     common = {"target": str(paths.target), "num_hidden_layers": plan["num_hidden_layers"],
               "dtype": "bfloat16"}
     dumps.write_sidecar(paths.specforge_data, {
         **common, "layout": "specforge", "layer_ids": c_out, "convention": "C_out",
-        "sources": plan["aux_sources"], "hidden_state": "final_norm", "records": len(seqs),
+        "sources": plan["aux_sources"], "hidden_state": "final_norm", "records": len(responses),
         "domain": recipe.train_domain,
     })  # fmt: skip
-    for d, n, domain in ((paths.atlas_data, min(recipe.atlas_docs, len(seqs)), recipe.train_domain),
+    for d, n, domain in ((paths.atlas_data, min(recipe.atlas_docs, len(responses)), recipe.train_domain),
                          (paths.other_data, len(other), recipe.other_domain)):
         dumps.write_sidecar(d, {
             **common, "layout": "speculators", "layer_ids": atlas_c_in, "convention": "C_in",
-            "sources": plan["atlas_sources"], "extra_keys": {"final_norm": "final_norm"}, "records": n,
-            "domain": domain,
+            "sources": plan["atlas_sources"],
+            "extra_keys": {"final_norm": "final_norm"}, "records": n, "domain": domain,
         })  # fmt: skip
     return mapping
 
@@ -262,80 +299,183 @@ def _train(paths: PairPaths, recipe: PairRecipe, model: Any, plan: dict[str, Any
     draft = Eagle3Draft(DraftConfig.from_dict(cfg), model.model.embed_tokens.weight.detach())
     draft.d2t.copy_(mapping["d2t"])
     draft.t2d.copy_(mapping["t2d"])
+    progress_log = paths.root / "train_progress.jsonl"
+
+    def note(entry: dict[str, float]) -> None:
+        with progress_log.open("a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
     log = train_draft(draft, read_specforge(paths.specforge_data), model.lm_head.weight.detach(),
-                      recipe.draft, progress)
+                      recipe.draft, progress, log_fn=note, use_loss_mask=True)
     draft.save_pretrained(paths.draft)
     (paths.draft / "train_log.json").write_text(json.dumps(log) + "\n")
     return log
 
 
-def build_pair(
-    out_dir: Path, target: Path, recipe: PairRecipe | None = None, progress: bool = True
-) -> PairPaths:
-    """Dump SpecForge-layout training data of the real target on real text, train the EAGLE-3 draft
-    on it, write the atlas (every layer) of a few training documents and of another domain."""
+def expected_accept_length(entry: dict[str, float], steps: int) -> float:
+    """Accept length a chain of ``steps`` draft tokens reaches if TTT step k's top-1 accuracy is the
+    chance token k is accepted given the ones before it: 1 + p1 + p1*p2 + ..."""
+    total, run = 1.0, 1.0
+    for k in range(steps):
+        run *= entry.get(f"acc{k + 1}", 0.0)
+        total += run
+    return total
+
+
+def ensure_responses(root: Path, recipe: PairRecipe, target: Path, progress: bool = True) -> list[list[int]]:
+    """The target's greedy responses to the training prompts, generated once per machine into
+    ``root/smollm2-responses-<hash>.json`` (the slow part of a from-scratch build: tens of minutes
+    on a 2-core CPU)."""
+    from transformers import AutoTokenizer
+
+    from hs_tracer_testbed.target import deterministic
+
+    key = {"target": recipe.target.digest(), "domain": recipe.train_domain, "prompts": recipe.train_prompts,
+           "max_new_tokens": recipe.max_new_tokens, "batch": recipe.generate_batch, "python": recipe.python}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(root) / f"smollm2-responses-{digest}.json"
+    if path.exists():
+        return json.loads(path.read_text())["responses"]
+    with _locked(path.with_suffix(".lock")):
+        if not path.exists():
+            with deterministic():
+                model = load_target(target)
+                tokenizer = AutoTokenizer.from_pretrained(target)
+                responses = generate_responses(model, tokenizer, train_prompts(recipe), recipe.max_new_tokens,
+                                               recipe.generate_batch, progress)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "responses": responses}) + "\n")
+            tmp.rename(path)
+    return json.loads(path.read_text())["responses"]
+
+
+def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, progress: bool = True,
+               from_scratch: bool = False) -> PairPaths:  # fmt: skip
+    """Dump SpecForge-layout data of the target's own responses to the training prompts, train the
+    EAGLE-3 draft on it (or take the committed one, unless ``from_scratch`` or another recipe), write
+    the atlas (every layer) of a few training records and of another domain."""
+    from transformers import AutoTokenizer
+
+    from hs_tracer.draft.model import Eagle3Draft
     from hs_tracer_testbed.build import _versions
     from hs_tracer_testbed.target import deterministic
 
     recipe = recipe or default_pair_recipe()
     paths = PairPaths.under(out_dir, target)
-    from transformers import AutoTokenizer
-
+    assets = None if from_scratch else prebuilt_assets(recipe)
     timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if assets is not None:
+        responses = json.loads((assets / "responses.json").read_text())["responses"]
+    else:
+        responses = ensure_responses(out_dir.parent, recipe, target, progress)
+    timings["responses_s"] = round(time.perf_counter() - t0, 1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "responses.json").write_text(json.dumps({"responses": responses}) + "\n")
     with deterministic():
         t0 = time.perf_counter()
         model = load_target(target)
         tokenizer = AutoTokenizer.from_pretrained(target)
         plan = layer_plan(model.config.num_hidden_layers)
-        mapping = _dump(paths, recipe, model, tokenizer, plan, progress)
+        mapping = _dump(paths, recipe, model, tokenizer, plan, responses, progress)
         timings["dumps_s"] = round(time.perf_counter() - t0, 1)
         t1 = time.perf_counter()
-        log = _train(paths, recipe, model, plan, mapping, progress)
+        if assets is not None:
+            shutil.copytree(assets / "draft", paths.draft)
+            draft = Eagle3Draft.from_pretrained(paths.draft, target_dir=target)
+            if not (bool((draft.d2t == mapping["d2t"]).all()) and bool((draft.t2d == mapping["t2d"]).all())):
+                raise RuntimeError(f"the committed draft in {assets} was trained on another draft vocabulary")
+            log = json.loads((paths.draft / "train_log.json").read_text())
+        else:
+            log = _train(paths, recipe, model, plan, mapping, progress)
         timings["train_s"] = round(time.perf_counter() - t1, 1)
+    tail = log[-3:]
+    expected = expected_accept_length(tail[-1], recipe.draft.ttt_steps)
     manifest = {
         "format": PAIR_FORMAT,
         "recipe_hash": recipe.digest(),
         "recipe": recipe.to_dict(),
+        "weights": "trained" if assets is None else "prebuilt",
         "versions": _versions(),
         "layers": plan,
         "target": {"architecture": "LlamaForCausalLM", "recipe_hash": recipe.target.digest()},
-        "draft": {"architecture": "LlamaForCausalLMEagle3", "train_log_tail": log[-3:]},
+        "draft": {"architecture": "LlamaForCausalLMEagle3", "train_log_tail": tail,
+                  "expected_accept_length": round(expected, 3)},
         "timings_s": timings,
     }
     paths.manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return paths
 
 
-def ensure_pair(
-    root: Path | None = None, recipe: PairRecipe | None = None, progress: bool = True
-) -> PairPaths:
+def ensure_pair(root: Path | None = None, recipe: PairRecipe | None = None, progress: bool = True,
+                from_scratch: bool = False) -> PairPaths:  # fmt: skip
     """The real pair for ``recipe``, built on first use into ``root/smollm2-pair-<hash>`` (default
-    root: the testbed cache; the target converted beside it if needed)."""
+    root: the testbed cache; the target converted beside it if needed). ``from_scratch``: retrain the
+    draft (regenerating its data) even where the committed one fits, replacing the cached pair."""
     recipe = recipe or default_pair_recipe()
     base = Path(root) if root is not None else default_cache_root()
     name = f"smollm2-pair-{recipe.digest()}"
     final = base / name
     target = ensure_target(base, recipe.target)
-    if (final / "manifest.json").exists():
+
+    def fresh() -> bool:
+        if not (final / "manifest.json").exists():
+            return False
+        built = json.loads((final / "manifest.json").read_text())
+        return not from_scratch or built.get("weights") == "trained"
+
+    if fresh():
         return PairPaths.under(final, target)
     with _locked(base / f".{name}.lock"):
-        if not (final / "manifest.json").exists():
+        if not fresh():
             tmp = base / f".{name}.building"
             if tmp.exists():
                 shutil.rmtree(tmp)
-            build_pair(tmp, target, recipe, progress)
+            build_pair(tmp, target, recipe, progress, from_scratch)
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
     return PairPaths.under(final, target)
 
 
-def prompts(n: int, domain: str = "docs_heldout", chars: int = 240) -> list[str]:
-    """``n`` prompts of real text the draft never saw (default: held-out language-reference topics):
-    each document's first ``chars`` characters, cut back to a whole word."""
+def prompts(n: int, domain: str = "instruct_heldout", chars: int = 240) -> list[str]:
+    """``n`` prompts the draft never saw, always the same ones for the same ``n``. Default: chat
+    prompts of its training domain about held-out subjects, spread over the held-out set. A plain
+    text domain gives each document's first ``chars`` characters, cut back to a whole word."""
     from hs_tracer_testbed import realtext
 
     docs = realtext.documents(domain)
     if n > len(docs):
         raise ValueError(f"domain {domain!r} has {len(docs)} documents, {n} prompts asked for")
+    if domain.startswith("instruct"):
+        return spread(docs, n)
     return [d[:chars].rsplit(" ", 1)[0] if len(d) > chars else d for d in docs[:n]]
+
+
+def spread(items: list[Any], n: int) -> list[Any]:
+    """``n`` items evenly spread over ``items`` (all of them if there are fewer), in order."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+def generate_responses(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch_size: int,
+                       progress: bool = True) -> list[list[int]]:  # fmt: skip
+    """The target's own greedy responses (token ids, up to and including its end-of-turn token) to
+    chat-template ``prompts``: the data a production EAGLE-3 draft is trained on (self-distillation),
+    so the draft learns the text it will be asked to speculate."""
+    import torch
+    from tqdm import tqdm
+
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer.padding_side = "left"
+    out: list[list[int]] = []
+    for b in tqdm(range(0, len(prompts), batch_size), desc="generate responses", disable=not progress):
+        enc = tokenizer(prompts[b : b + batch_size], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos,
+                                 eos_token_id=eos)
+        for row in gen[:, enc.input_ids.shape[1]:].tolist():
+            out.append(row[: row.index(eos) + 1] if eos in row else row)
+    return out

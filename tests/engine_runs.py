@@ -74,7 +74,7 @@ def workload(name: str) -> Workload:
     if name == "real":  # held-out real text, for the real-model pair (SmolLM2-135M-Instruct)
         from hs_tracer_testbed.smollm import prompts as real_prompts
 
-        return Workload(name, tuple(real_prompts(8)), 24)
+        return Workload(name, tuple(real_prompts(12)), 24)
     if name == "prefix_reuse":  # long prompts sharing a long prefix (send it twice: radix-cache hits)
         shared = " ".join(documents(seed=2024, n=4))
         return Workload(name, tuple(f"{shared} {p}" for p in prompts(seed=2025, n=6)), 16)

@@ -166,6 +166,8 @@ out = {"scheduler_pid": os.getpid(), "where": st.recorder.where(),
 os.kill(st.recorder.export.proc.pid, signal.SIGKILL)   # the export process dies under serving
 returned = [step([2, 2]) for _ in range(50)]           # serving goes on
 wait(lambda: not st.enabled, "tracing to switch itself off")
+# the switch is set before the report is rewritten (a failure writes it after): wait for the file too
+wait(lambda: not json.loads(report_path.read_text())["enabled"], "the report to say tracing is off")
 out.update(enabled=st.enabled, reason=st.disabled_reason, returned=returned,
            report_after=json.loads(report_path.read_text()))
 print("RESULT " + json.dumps(out), flush=True)

@@ -210,6 +210,15 @@ def _account_superseded(f: Finding, slots: Mapping[int, SlotVerdict]) -> bool:
             and s.observed_source not in (UNKNOWN, f.observed))
 
 
+def _with_record_fix(f: Finding, static: Sequence[Finding]) -> Finding:
+    """A measured slot finding the record agrees with keeps the record's fix: the record knows the
+    cause (which config key, which convention), the measurement only what is fed."""
+    for r in static:
+        if (r.code, r.slot, r.observed) == (f.code, f.slot, f.observed) and r.fix:
+            return replace(f, fix=r.fix)
+    return f
+
+
 def live_report(
     static: Sequence[Finding],
     judged: Report | None,
@@ -234,7 +243,7 @@ def live_report(
     decided = {(f.code, f.slot) for f in slot_findings if f.observed not in (None, UNKNOWN)}
     findings = [f for f in static if not _account_superseded(f, named) and (f.code, f.slot) not in decided]
     seen = {(f.code, f.slot) for f in findings}
-    findings += [f for f in slot_findings if (f.code, f.slot) not in seen]
+    findings += [_with_record_fix(f, static) for f in slot_findings if (f.code, f.slot) not in seen]
     match = _features_match(slots, slot_findings, findings)
     if match is True:
         findings = served_right(findings, LIVE_MATCH)

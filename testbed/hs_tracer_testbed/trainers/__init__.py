@@ -63,9 +63,12 @@ def layer_venv(name: str, requirements: Path, base_python: str | None = None) ->
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
         ask = "import sysconfig; print(sysconfig.get_path('purelib'))"
-        base_lib, own_lib = (subprocess.run([py, "-c", ask], check=True, capture_output=True, text=True).stdout.strip()
-                             for py in (base, str(python)))
-        Path(own_lib, "zz_hs_tracer_base_layer.pth").write_text(f"import site; site.addsitedir({base_lib!r})\n")
+        base_lib, own_lib = (
+            subprocess.run([py, "-c", ask], check=True, capture_output=True, text=True).stdout.strip()
+            for py in (base, str(python))
+        )
+        pth = f"import site; site.addsitedir({base_lib!r})\n"
+        Path(own_lib, "zz_hs_tracer_base_layer.pth").write_text(pth)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                         "--no-deps", "--no-compile", "-r", str(requirements)], check=True)
         stamp.write_text(stamp_text)

@@ -1,0 +1,66 @@
+"""SpecForge 0.2.0 itself, run on the CPU on the real SmolLM2-135M target (capture through SGLang
+0.5.14's model runner, 3 training steps, its SGLang export; cached by recipe in the testbed cache),
+and hs_tracer on what it really wrote.
+
+Cost on a fresh clone: building ``.venv-specforge`` (about 1 minute) and the run (about 4 minutes on
+a shared 2-core machine); later runs read the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hs_tracer_testbed.smollm import ensure_target
+from hs_tracer_testbed.trainers import specforge
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def run() -> specforge.SpecForgeRun:
+    return specforge.ensure_run()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hs_tracer.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_the_pinned_release_needs_every_glue_it_gets() -> None:
+    assert specforge.glue_status() == {g.name: "needed" for g in specforge.GLUE}
+
+
+def test_what_specforge_writes(run: specforge.SpecForgeRun) -> None:
+    """Its files, keys and shapes; no layer ids anywhere in them; its own capture layers [1, 14, 26]
+    (C_out: outputs of blocks 1, 14, 26), which are HF ``hidden_states[2, 15, 27]``."""
+    from transformers import AutoModelForCausalLM
+
+    manifest = run.load_manifest()
+    assert manifest["layer_ids"] == [1, 14, 26]
+    files = sorted((run.data / "rows_0-2000").glob("data_*.ckpt"))
+    assert len(files) == manifest["recipe"]["samples"]
+    rec = torch.load(files[0], weights_only=True)
+    assert set(rec) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+    t = rec["input_ids"].shape[0]
+    assert rec["aux_hidden_state"].shape == (1, t, 3 * 576) and rec["aux_hidden_state"].dtype == torch.bfloat16
+    assert rec["hidden_state"].shape == (1, t, 576)
+    mapping = torch.load(run.data / "vocab_mapping" / "vocab_mapping.pt", weights_only=True)
+    assert mapping["d2t"].shape == (32000,) and int(mapping["t2d"].sum()) == 32000
+
+    model = AutoModelForCausalLM.from_pretrained(ensure_target(), dtype=torch.float32).eval()
+    with torch.no_grad():
+        hs = model(input_ids=rec["input_ids"][None], output_hidden_states=True).hidden_states
+    aux = rec["aux_hidden_state"][0].float().view(t, 3, 576)
+    for slot, k in enumerate((2, 15, 27)):
+        ref = hs[k][0]
+        err = ((aux[:, slot] - ref).norm(dim=-1) / ref.norm(dim=-1)).median()
+        assert err < 0.02, (slot, k, float(err))
+
+    cfg = json.loads((run.draft / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 32000
+    assert "eagle_config" not in cfg and "eagle_aux_hidden_state_layer_ids" not in cfg

@@ -47,7 +47,8 @@ def test_what_specforge_writes(run: specforge.SpecForgeRun) -> None:
     rec = torch.load(files[0], weights_only=True)
     assert set(rec) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
     t = rec["input_ids"].shape[0]
-    assert rec["aux_hidden_state"].shape == (1, t, 3 * 576) and rec["aux_hidden_state"].dtype == torch.bfloat16
+    assert rec["aux_hidden_state"].shape == (1, t, 3 * 576)
+    assert rec["aux_hidden_state"].dtype == torch.bfloat16
     assert rec["hidden_state"].shape == (1, t, 576)
     mapping = torch.load(run.data / "vocab_mapping" / "vocab_mapping.pt", weights_only=True)
     assert mapping["d2t"].shape == (32000,) and int(mapping["t2d"].sum()) == 32000
@@ -64,3 +65,45 @@ def test_what_specforge_writes(run: specforge.SpecForgeRun) -> None:
     cfg = json.loads((run.draft / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 32000
     assert "eagle_config" not in cfg and "eagle_aux_hidden_state_layer_ids" not in cfg
+
+
+@pytest.fixture(scope="module")
+def profile(run: specforge.SpecForgeRun, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("specforge") / "profile.safetensors")
+    done = _cli("profile", "build", str(run.data), "--target", str(ensure_target()), "--draft",
+                str(run.draft), "-o", out, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_profile_build_on_its_dump_measures_its_layers_and_acceptance(profile: str) -> None:
+    """No ids in the files or the export: the producer's default [1, 14, 26] (recorded as such), and
+    the rows measured against the target on the same tokens agree; expected acceptance measured."""
+    from hs_tracer.profile.model import Profile
+
+    loaded = Profile.load(profile)
+    meta = loaded.meta
+    assert meta["producer"] == "specforge" and meta["convention"] == "specforge"
+    assert meta["layer_ids"] == [1, 14, 26] and meta["ids_origin"] == "default"
+    assert meta["sources"] == ["block:1", "block:14", "block:26"]
+    assert loaded.expected_acceptance is not None and loaded.expected_acceptance.rows > 0
+
+
+@pytest.mark.parametrize("engine", ["sglang==0.5.23", "vllm==0.32.0"])
+def test_check_its_export_without_ids(run: specforge.SpecForgeRun, profile: str, engine: str) -> None:
+    """The export names no layer ids: each engine feeds its default, which is what SpecForge trained on."""
+    done = _cli("check", "--draft", str(run.draft), "--target", str(ensure_target()), "--profile", profile,
+                "--engine", engine, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "ok"
+    assert [s["observed_source"] for s in report["slots"]] == ["block:1", "block:14", "block:26"]
+    assert "layer_ids_ignored" in {f["code"] for f in report["findings"]}
+
+
+def test_diagnose_its_dump(run: specforge.SpecForgeRun, profile: str) -> None:
+    done = _cli("diagnose", str(run.data), "--profile", profile, "--target", str(ensure_target()), "--json",
+                "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "ok"

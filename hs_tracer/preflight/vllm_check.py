@@ -41,11 +41,15 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
     tgt = read_target_config(target)
     findings: list[Finding] = []
     if profile is not None:
-        from hs_tracer.preflight.profile_sources import check_profile_target, read_provenance
+        from hs_tracer.preflight.profile_sources import read_provenance
+        from hs_tracer.profile.model import OTHER_MODEL_FIX, ProfileError, other_model
 
         provenance = read_provenance(profile)
+        problem = other_model(provenance.meta, hidden_size=tgt.hidden_size, num_layers=tgt.num_hidden_layers,
+                              draft_vocab=draft.draft_vocab_size or draft.vocab_size)
+        if problem:  # the profile says nothing about this target: one line, as for SGLang
+            raise ProfileError(f"--profile {profile}: {problem}; {OTHER_MODEL_FIX}")
         trained_sources = provenance.sources
-        findings += check_profile_target(provenance, tgt.num_hidden_layers, tgt.hidden_size)
     n, h = tgt.num_hidden_layers, tgt.hidden_size
     version = vllm_version or src.NEWEST_VLLM
     k = src.vllm_draft_aux_states(draft.raw)

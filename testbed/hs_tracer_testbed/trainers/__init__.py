@@ -57,7 +57,7 @@ def layer_venv(name: str, requirements: Path, base_python: str | None = None) ->
     stamp = venv / ".installed"
     if stamp.exists() and stamp.read_text() == stamp_text:
         return python
-    with _locked(REPO / f".{name}.lock"):
+    with _locked(REPO / f"{name}.lock"):  # beside the venv, ignored with it
         if stamp.exists() and stamp.read_text() == stamp_text:
             return python
         if not python.exists():

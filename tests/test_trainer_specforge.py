@@ -71,7 +71,7 @@ def test_what_specforge_writes(run: specforge.SpecForgeRun) -> None:
 def profile(run: specforge.SpecForgeRun, tmp_path_factory: pytest.TempPathFactory) -> str:
     out = str(tmp_path_factory.mktemp("specforge") / "profile.safetensors")
     done = _cli("profile", "build", str(run.data), "--target", str(ensure_target()), "--draft",
-                str(run.draft), "-o", out, "--no-progress")
+                str(run.draft), "-o", out, "--no-progress", "--producer-version", "specforge 0.2.0")
     assert done.returncode == 0, done.stderr
     return out
 
@@ -83,7 +83,8 @@ def test_profile_build_on_its_dump_measures_its_layers_and_acceptance(profile: s
 
     loaded = Profile.load(profile)
     meta = loaded.meta
-    assert meta["producer"] == "specforge" and meta["convention"] == "specforge"
+    assert meta["producer"] == "specforge" and meta["producer_version"] == "specforge 0.2.0"
+    assert meta["convention"] == "specforge"
     assert meta["layer_ids"] == [1, 14, 26] and meta["ids_origin"] == "default"
     assert meta["sources"] == ["block:1", "block:14", "block:26"]
     assert loaded.expected_acceptance is not None and loaded.expected_acceptance.rows > 0
@@ -107,3 +108,14 @@ def test_diagnose_its_dump(run: specforge.SpecForgeRun, profile: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["status"] == "ok"
+
+
+def test_a_claim_its_rows_contradict_is_named_at_build_time(run: specforge.SpecForgeRun, tmp_path) -> None:
+    """Ids stated in the C_in sense but read as SpecForge's (the mix-up between the two tools'
+    conventions): the rows measured on the target name the layers they really hold."""
+    done = _cli("profile", "build", str(run.data), "--target", str(ensure_target()), "--layer-ids", "2,15,27",
+                "--convention", "specforge", "-o", str(tmp_path / "p.safetensors"), "--no-progress",
+                "--expected-sequences", "0")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "training_record_mismatch" in done.stdout
+    assert "block:1, block:14, block:26" in done.stdout

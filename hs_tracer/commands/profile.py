@@ -102,6 +102,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="skip the build when OUTPUT already holds a profile built from the same files (path, "
         "size, mtime), wiring, settings and shard; for re-running a sharded job",
     )
+    b.add_argument(
+        "--producer-version",
+        help="the tool and release that wrote the dumps, e.g. 'specforge 0.2.0': recorded in the "
+        "profile beside the producer, ids and convention (SpecForge and speculators dumps name none)",
+    )
     b.set_defaults(func=run_build)
 
     m = psub.add_parser(
@@ -253,6 +258,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.draft and args.target and args.expected_sequences > 0:
         profile.meta["expected_acceptance"] = expectation.measure_or_note(
             args.draft, args.target, args.sources, sequences=args.expected_sequences)
+    if args.producer_version:
+        profile.meta["producer_version"] = args.producer_version
     from hs_tracer.diagnosis.calibration import profile_findings
     from hs_tracer.findings import Severity
 

@@ -97,7 +97,9 @@ class Profile:
     def summary(self) -> str:
         m = self.meta
         lines = [
-            f"profile: {m['producer']} data, {m['tokens']} tokens from {m['records']} records",
+            f"profile: {m['producer']} data"
+            f"{f' (written by {v})' if (v := m.get('producer_version')) else ''},"
+            f" {m['tokens']} tokens from {m['records']} records",
             f"  target: {m.get('target_arch') or '?'} with {m.get('num_layers')} layers,"
             f" hidden {m['hidden_size']}, dtype {m.get('dtype')}",
             f"  slots: {', '.join(m['sources'])}  (ids {m.get('layer_ids')} in the {m.get('convention')}"

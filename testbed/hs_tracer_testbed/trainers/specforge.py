@@ -89,11 +89,19 @@ def _kl_loss_is_triton() -> bool:
     return hasattr(loss, "triton") and model.LogSoftmaxLoss is loss.LogSoftmaxLoss
 
 
+def _target_needs_index() -> bool:
+    import specforge.modeling.target.target_utils as tu
+
+    return "model.safetensors.index.json" in inspect.getsource(tu)
+
+
 GLUE = (
     Glue("cuda device of the capture runner", "specforge.offline_capture.sglang_backend.capture:torch",
          _capture_asks_cuda_device),
     Glue("pure-torch KL loss for the Triton one", "specforge.algorithms.eagle3.model:LogSoftmaxLoss",
          _kl_loss_is_triton),
+    Glue("model.safetensors.index.json beside a one-file target", "file, written by the run",
+         _target_needs_index),
 )
 
 
@@ -117,6 +125,21 @@ def apply_glue(stage: str) -> None:
                 return reference(logits, target, mask)
 
         model.LogSoftmaxLoss = TorchKLLoss
+
+
+def target_view(target: Path, out: Path) -> Path:
+    """``out``: the target's files linked, plus the ``model.safetensors.index.json`` SpecForge's
+    weight loader looks for (a one-file checkpoint has none)."""
+    from safetensors import safe_open
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in target.iterdir():
+        if f.is_file() and not (out / f.name).exists():
+            (out / f.name).symlink_to(f)
+    with safe_open(str(target / "model.safetensors"), "pt") as fh:
+        weight_map = {k: "model.safetensors" for k in fh.keys()}  # noqa: SIM118
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return out
 
 
 # ---- the stages, in the tool's venv -----------------------------------------------------------------
@@ -255,8 +278,9 @@ def build_run(out: Path, target: Path, recipe: SpecForgeRecipe) -> SpecForgeRun:
     """Capture, train and export into ``out`` (created)."""
     py = python()
     out.mkdir(parents=True)
+    view = target_view(target, out / "target")
     (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2) + "\n")
-    (out / "run.yaml").write_text(_run_yaml(out, target, recipe))
+    (out / "run.yaml").write_text(_run_yaml(out, view, recipe))
     env = tool_env()
     for stage in ("capture", "train"):
         with open(out / f"{stage}.log", "w") as log:

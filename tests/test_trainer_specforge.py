@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hs_tracer_testbed.smollm import ensure_target
 from hs_tracer_testbed.trainers import specforge
+from tests.engine_runs import Engines, EngineSpec
 
 pytestmark = pytest.mark.engine
 
@@ -119,3 +122,19 @@ def test_a_claim_its_rows_contradict_is_named_at_build_time(run: specforge.SpecF
     assert done.returncode == 1, done.stdout + done.stderr
     assert "training_record_mismatch" in done.stdout
     assert "block:1, block:14, block:26" in done.stdout
+
+
+def test_its_export_served_in_sglang_is_fed_what_it_was_trained_on(
+        run: specforge.SpecForgeRun, profile: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The export as SpecForge users serve it: real SGLang 0.5.23, traced, no layer ids in the config.
+    SGLang's default for a Llama target feeds the outputs of blocks 1, 14, 26 — what SpecForge captured
+    — and the engine measures it on the same tokens (same-token identity), so the report says so."""
+    pair = SimpleNamespace(target=ensure_target(), draft=run.draft)
+    harness = Engines(pair, Path(profile), tmp_path_factory.mktemp("specforge-served"))
+    served = harness.run("specforge", EngineSpec("testbed", ("real",)))
+    live = served.diagnosis
+    trained = ["block:1", "block:14", "block:26"]
+    assert served.report["wiring"]["sources"] == trained
+    assert [s["observed_source"] for s in live["slots"]] == trained, live["slots"]
+    assert all("measured_error" in s for s in live["slots"]), live["slots"]
+    assert not [f for f in live["findings"] if f["severity"] == "critical"], live["findings"]

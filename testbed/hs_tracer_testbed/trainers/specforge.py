@@ -90,9 +90,9 @@ def _kl_loss_is_triton() -> bool:
 
 
 def _target_needs_index() -> bool:
-    import specforge.modeling.target.target_utils as tu
+    from specforge.modeling.target.target_head import TargetHead
 
-    return "model.safetensors.index.json" in inspect.getsource(tu)
+    return "index.json" in inspect.getsource(TargetHead.load_weights)
 
 
 GLUE = (

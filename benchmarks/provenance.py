@@ -10,7 +10,9 @@ know, and engines inherit the benchmark's environment.) Nothing is guessed: an u
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,3 +44,13 @@ def source_state(root: Path, env: Mapping[str, str] = os.environ) -> dict[str, A
         return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip()),
                 "from": "git"}
     return {"commit": None, "dirty": None, "from": None}
+
+
+def header(root: Path) -> dict[str, Any]:
+    """The provenance keys a CPU benchmark's result starts with: source, UTC date, machine."""
+    return {
+        "source": source_state(root),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "cpus": os.cpu_count(), "python": platform.python_version()},
+    }

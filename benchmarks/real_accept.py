@@ -15,10 +15,7 @@ draft's last training accuracies predict (``smollm.expected_accept_length``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import random
 import sys
 import time
@@ -48,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
-    from benchmarks.provenance import source_state
+    from benchmarks.provenance import header
     from hs_tracer_testbed import smollm
     from hs_tracer_testbed.runtime.runs import EngineConfig, run_configs
 
@@ -64,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                   for c, s in zip(chain.correct_drafts, chain.verify_steps, strict=True)]
     out = {
         "benchmark": "real_accept",
-        "source": source_state(REPO),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "python": platform.python_version()},
+        **header(REPO),
         "pair": {"recipe_hash": manifest["recipe_hash"], "weights": manifest.get("weights"),
                  "draft_train_log_tail": manifest["draft"]["train_log_tail"],
                  "expected_accept_length": manifest["draft"].get("expected_accept_length")},

@@ -16,10 +16,7 @@ Runs untraced (the tracer changes neither tokens nor counters); one engine per s
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -37,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
-    from benchmarks.provenance import source_state
+    from benchmarks.provenance import header
     from hs_tracer_testbed import smollm
     from hs_tracer_testbed.miswire import layer_shifts, write_ids_variant
     from hs_tracer_testbed.runtime.runs import EngineConfig, run_configs
@@ -74,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             r["accepted_drafts_vs_correct"] = round((r["mean_accept_length"] - 1) / (base - 1), 4)
     out = {
         "benchmark": "shift_cost",
-        "source": source_state(REPO),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "python": platform.python_version()},
+        **header(REPO),
         "pair": {"recipe_hash": manifest["recipe_hash"], "trained_sources": plan["aux_sources"],
                  "draft_train_log_tail": manifest["draft"]["train_log_tail"]},
         "method": (f"SGLang 0.5.23 on CPU (testbed runtime), greedy chain EAGLE-3, 3 steps, topk 1, "

@@ -10,10 +10,26 @@ sequence, ``max_tokens=1``, as the client sends) and moves each file the connect
 ``hidden_states/hs_{i}.safetensors``, as ``generate_offline_data`` does. The layer ids are
 speculators' own (``resolve_target_layer_ids``) plus the last layer, as ``launch_vllm.py`` adds it.
 
-The CPU glue, all of it in :data:`GLUE` and :func:`apply_glue`: the connector copies through CUDA
-streams and events into pinned memory; on the CPU the copy is plain.
+``ensure_checkpoint()`` then runs speculators' trainer on that data as ``python -m
+hs_tracer_testbed.trainers.speculators train WORKDIR``: ``speculators.train.cli.main`` with the
+SmolLM2 target as verifier, one draft layer, the recipe's steps, its own default layer ids, the full
+vocabulary (no token frequencies given). Its data prep's ``datasets`` table (``input_ids``,
+``loss_mask``, ``seq_len``) is written from the captured token ids, since the capture reads real text
+rather than chat samples. Of what the trainer saves, the draft (``config.json``, ``config.py``,
+``model.safetensors``) is kept; the optimizer and scheduler state are not. On the CPU it runs with
+``--loss-implementation eager``, ``--draft-attn-impl sdpa`` and ``--num-workers 0`` (its defaults,
+the fused loss and flex attention, do not run here on the CPU; dataloader workers would be more
+processes on a 2-core machine).
 
-Not yet here: speculators' training and its checkpoint (its trainer needs its own CPU glue).
+The CPU glue, all of it in :data:`GLUE`, :func:`apply_glue` and :func:`apply_train_glue`: the
+connector copies through CUDA streams and events into pinned memory (on the CPU the copy is plain);
+the trainer moves the draft and each batch to ``local_rank`` (device 0: CUDA), autocasts on its
+``"cuda"`` fallback when no accelerator is present, and its step timer synchronizes the accelerator
+(none: the call raises).
+
+Not yet here: expected acceptance measured on this data (``profile build --draft`` does not measure it
+for speculators' checkpoint format), and a checkpoint trained long enough for the target to accept its
+tokens.
 """
 
 from __future__ import annotations

@@ -120,6 +120,16 @@ def test_what_its_trainer_writes(checkpoint: Path) -> None:
     assert json.loads((checkpoint / "training_state.json").read_text())["global_step"] == 3
 
 
+def test_expected_acceptance_is_not_measured_for_it_and_says_why(data: Path, checkpoint: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """hs_tracer's plain-torch draft forward has no ``norm_before_fc`` (the norm speculators puts
+    before ``fc``): ``profile build --draft`` leaves expected acceptance out and names the flag."""
+    from hs_tracer.profile import expectation
+
+    assert expectation.measure_or_note(checkpoint, ensure_target(), [data / "data"], sequences=1) is None
+    assert "expected acceptance not measured: draft config sets norm_before_fc" in capsys.readouterr().err
+
+
 def test_check_its_checkpoint_on_vllm(checkpoint: Path, profile: tuple[Path, str]) -> None:
     """vLLM reads the top-level ids, feeds block:1, block:14, block:26, the trained layers: ok, and no
     advice to move the ids anywhere (the format is the one vLLM reads)."""

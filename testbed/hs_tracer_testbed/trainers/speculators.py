@@ -27,9 +27,9 @@ the trainer moves the draft and each batch to ``local_rank`` (device 0: CUDA), a
 ``"cuda"`` fallback when no accelerator is present, and its step timer synchronizes the accelerator
 (none: the call raises).
 
-Not yet here: expected acceptance measured on this data (``profile build --draft`` does not measure it
-for speculators' checkpoint format), and a checkpoint trained long enough for the target to accept its
-tokens.
+Not yet here: expected acceptance measured on this data (hs_tracer's plain-torch draft forward has
+no ``norm_before_fc``, which speculators sets, so ``profile build --draft`` leaves it out and says
+so), and a checkpoint trained long enough for the target to accept its tokens.
 """
 
 from __future__ import annotations

@@ -61,12 +61,12 @@ class DraftConfig:
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         num_aux = cfg.get("num_aux_hidden_states") or (len(ids) if ids else 3)
         rope = cfg.get("rope_parameters") or {}
-        heads = cfg["num_attention_heads"]
         for flag in ("norm_before_fc", "fc_norm", "use_aux_norm"):
             if eagle.get(flag) or cfg.get(flag):
                 raise InputError(
                     f"draft config sets {flag}; hs_tracer's draft forward supports it not yet"
                 )
+        heads = cfg["num_attention_heads"]
         return cls(
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],

@@ -1,9 +1,11 @@
 """speculators 0.9.0's data of the real SmolLM2-135M target, made as speculators makes it (vLLM's
-``extract_hidden_states`` with its hidden-states connector, here in vLLM's CPU build; cached by recipe
-in the testbed cache), and hs_tracer on what it really wrote.
+``extract_hidden_states`` with its hidden-states connector, here in vLLM's CPU build), its trainer's
+checkpoint after 3 steps on that data (both cached by recipe in the testbed cache), hs_tracer on what
+they really wrote, and vLLM serving the checkpoint as the target's EAGLE-3 draft, traced.
 
-Cost on a fresh clone: building ``.venv-speculators`` (under a minute) and the capture (about 50 s
-with the vLLM start); later runs read the cache.
+Cost on a fresh clone: building ``.venv-speculators`` (under a minute), the capture (about 50 s with
+the vLLM start) and the training (4 to 8 minutes on the shared 2-core machine); later runs read the
+cache and spend their time on the profile build and one vLLM engine (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -20,10 +22,27 @@ from safetensors.torch import load_file
 from hs_tracer_testbed.smollm import ensure_target
 from hs_tracer_testbed.trainers import speculators
 
+TRAINED = ["block:1", "block:14", "block:26"]
+
 
 @pytest.fixture(scope="module")
 def data() -> Path:
     return speculators.ensure_data()
+
+
+@pytest.fixture(scope="module")
+def checkpoint() -> Path:
+    return speculators.ensure_checkpoint()
+
+
+@pytest.fixture(scope="module")
+def profile(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The profile of speculators' data (no draft given: the ids are its default) and the build's output."""
+    out = tmp_path_factory.mktemp("speculators") / "profile.safetensors"
+    done = _cli("profile", "build", str(data / "data"), "--target", str(ensure_target()), "-o", str(out),
+                "--no-progress", "--producer-version", "speculators 0.9.0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, done.stdout
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -59,21 +78,117 @@ def test_what_speculators_writes(data: Path) -> None:
         assert err < 0.02, (slot, k, float(err))
 
 
-def test_profile_build_and_diagnose_on_its_data(data: Path, tmp_path: Path) -> None:
+def test_profile_build_and_diagnose_on_its_data(data: Path, profile: tuple[Path, str]) -> None:
     """Its ids are not in the files: speculators' default in its own convention, the rows measured on
     the same tokens agree, the appended last layer is an extra candidate (block:29, pre-norm)."""
     from hs_tracer.profile.model import Profile
 
-    out = tmp_path / "profile.safetensors"
-    done = _cli("profile", "build", str(data / "data"), "--target", str(ensure_target()), "-o", str(out),
-                "--no-progress", "--producer-version", "speculators 0.9.0")
-    assert done.returncode == 0, done.stdout + done.stderr
+    out, stdout = profile
     meta = Profile.load(out).meta
     assert meta["producer"] == "speculators" and meta["producer_version"] == "speculators 0.9.0"
     assert meta["convention"] == "speculators" and meta["layer_ids"] == [2, 15, 27]
-    assert meta["sources"] == ["block:1", "block:14", "block:26"]
-    assert "extra candidates from the data: block:29" in done.stdout
+    assert meta["sources"] == TRAINED
+    assert "extra candidates from the data: block:29" in stdout
     done = _cli("diagnose", str(data / "data"), "--profile", str(out), "--target", str(ensure_target()),
                 "--json", "--no-progress")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["status"] == "ok"
+
+
+def test_what_its_trainer_writes(checkpoint: Path) -> None:
+    """``Eagle3DraftModel`` with ``speculators_config``, the ids at the top level in its convention
+    (input of layer k: the rows it trained on), the model dimensions under
+    ``transformer_layer_config``, the three norm flags on and ``input_norm`` over the 3 x 576 input;
+    the full vocabulary (no ``d2t``/``t2d``: no token frequencies given)."""
+    from safetensors import safe_open
+
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3DraftModel"] and cfg["speculators_model_type"] == "eagle3"
+    assert cfg["speculators_version"] == "0.9.0" and cfg["speculators_config"]["algorithm"] == "eagle3"
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(ensure_target())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and "eagle_config" not in cfg
+    assert (cfg["norm_before_fc"], cfg["norm_before_residual"], cfg["norm_output"], cfg["fc_norm"]) == (
+        True, True, True, False)
+    layer = cfg["transformer_layer_config"]
+    assert (layer["model_type"], layer["hidden_size"], layer["num_hidden_layers"]) == ("llama", 576, 1)
+    assert cfg["draft_vocab_size"] == layer["vocab_size"] == 49152
+    with safe_open(checkpoint / "model.safetensors", "pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    assert shapes["input_norm.weight"] == [3 * 576] and shapes["fc.weight"] == [576, 3 * 576]
+    assert shapes["layers.0.hidden_norm.weight"] == [576] and shapes["norm.weight"] == [576]
+    assert not {"d2t", "t2d"} & set(shapes)
+    assert json.loads((checkpoint / "training_state.json").read_text())["global_step"] == 3
+
+
+def test_expected_acceptance_is_not_measured_for_it_and_says_why(data: Path, checkpoint: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """hs_tracer's plain-torch draft forward has no ``norm_before_fc`` (the norm speculators puts
+    before ``fc``): ``profile build --draft`` leaves expected acceptance out and names the flag."""
+    from hs_tracer.profile import expectation
+
+    assert expectation.measure_or_note(checkpoint, ensure_target(), [data / "data"], sequences=1) is None
+    assert "expected acceptance not measured: draft config sets norm_before_fc" in capsys.readouterr().err
+
+
+def test_check_its_checkpoint_on_vllm(checkpoint: Path, profile: tuple[Path, str]) -> None:
+    """vLLM reads the top-level ids, feeds block:1, block:14, block:26, the trained layers: ok, and no
+    advice to move the ids anywhere (the format is the one vLLM reads)."""
+    done = _cli("check", "--draft", str(checkpoint), "--target", str(ensure_target()), "--profile",
+                str(profile[0]), "--engine", "vllm==0.32.0", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "ok", report["findings"]
+    engine = report["preflight"]["engine"]
+    assert engine["layer_ids_key"] == "eagle_aux_hidden_state_layer_ids"
+    assert engine["layer_ids"] == [2, 15, 27]
+    assert engine["sources"] == report["preflight"]["trained_sources"] == TRAINED
+    assert [s["observed_source"] for s in report["slots"]] == TRAINED
+    assert not [f for f in report["findings"] if "eagle_config" in f["fix"]], report["findings"]
+
+
+def test_check_its_checkpoint_on_sglang(checkpoint: Path, profile: tuple[Path, str]) -> None:
+    """SGLang 0.5.23 has no reader for speculators' format (it refuses ``Eagle3DraftModel``, and has no
+    ``norm_before_residual`` branch): critical. Its layer ids sit where SGLang never looks, so a
+    converted draft that left them there would be fed SGLang's default, which on this target is the
+    trained block:1, block:14, block:26: a warning, whose fix moves them into ``eagle_config`` in
+    SGLang's spelling [1, 14, 26]."""
+    done = _cli("check", "--draft", str(checkpoint), "--target", str(ensure_target()), "--profile",
+                str(profile[0]), "--engine", "sglang==0.5.23", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "miswired"
+    fmt = [f for f in report["findings"] if f["code"] == "draft_format"]
+    assert {f["severity"] for f in fmt} == {"critical"}
+    assert any("no speculators reader" in f["message"] for f in fmt), fmt
+    assert any("norm_before_residual" in f["message"] for f in fmt), fmt
+    assert report["preflight"]["engine"]["sources"] == TRAINED
+    assert [s["observed_source"] for s in report["slots"]] == TRAINED
+    ids = [f for f in report["findings"] if f["code"] == "layer_ids_ignored"]
+    assert [f["severity"] for f in ids] == ["warning"], ids
+    assert ids[0]["details"]["top_level_ids"] == [2, 15, 27]
+    assert "into eagle_config" in ids[0]["fix"] and "as [1, 14, 26]" in ids[0]["fix"]
+    assert not [f for f in report["findings"] if f["code"] == "layer_id_convention"], report["findings"]
+
+
+def test_vllm_serves_it_as_trained(data: Path, checkpoint: Path, profile: tuple[Path, str]) -> None:
+    """vLLM serves the real target with the checkpoint as its EAGLE-3 draft, traced with the profile of
+    speculators' data: its wiring record is the trained layers and nothing about the wiring is
+    critical. The one critical finding is the acceptance a 3-step draft earns (it proposes nothing the
+    target accepts), which the diagnosis puts downstream of the features."""
+    from hs_tracer_testbed.vllm_runs import run
+    from tests.on_vllm.engines import TRACED_ENV, diagnosis
+
+    files = data / "data" / "hidden_states"
+    prompts = [load_file(files / f"hs_{i}.safetensors")["token_ids"][:24].tolist() for i in range(8)]
+    served = run({"target": str(ensure_target()), "draft": str(checkpoint),
+                  "workloads": [{"name": "main", "prompts": prompts, "max_new_tokens": 24}],
+                  "env": {**TRACED_ENV, "HS_TRACER_PROFILE": str(profile[0])}})
+    wiring = served["reports"][0]["wiring"]
+    assert wiring["layer_ids_key"] == "eagle_aux_hidden_state_layer_ids"
+    assert wiring["layers_to_capture"] == [2, 15, 27] and wiring["sources"] == TRAINED
+    d = diagnosis(served)
+    assert [s["expected_source"] for s in d["slots"]] == TRAINED
+    critical = [f for f in d["findings"] if f["severity"] == "critical"]
+    assert [f["code"] for f in critical] in ([], ["acceptance_drop"]), critical
+    assert all("fed the features it was trained on" in f["message"] for f in critical), critical
+    assert served["workloads"]["main"]["spec"]["num_drafts"] > 0

@@ -10,10 +10,26 @@ sequence, ``max_tokens=1``, as the client sends) and moves each file the connect
 ``hidden_states/hs_{i}.safetensors``, as ``generate_offline_data`` does. The layer ids are
 speculators' own (``resolve_target_layer_ids``) plus the last layer, as ``launch_vllm.py`` adds it.
 
-The CPU glue, all of it in :data:`GLUE` and :func:`apply_glue`: the connector copies through CUDA
-streams and events into pinned memory; on the CPU the copy is plain.
+``ensure_checkpoint()`` then runs speculators' trainer on that data as ``python -m
+hs_tracer_testbed.trainers.speculators train WORKDIR``: ``speculators.train.cli.main`` with the
+SmolLM2 target as verifier, one draft layer, the recipe's steps, its own default layer ids, the full
+vocabulary (no token frequencies given). Its data prep's ``datasets`` table (``input_ids``,
+``loss_mask``, ``seq_len``) is written from the captured token ids, since the capture reads real text
+rather than chat samples. Of what the trainer saves, the draft (``config.json``, ``config.py``,
+``model.safetensors``) is kept; the optimizer and scheduler state are not. On the CPU it runs with
+``--loss-implementation eager``, ``--draft-attn-impl sdpa`` and ``--num-workers 0`` (its defaults,
+the fused loss and flex attention, do not run here on the CPU; dataloader workers would be more
+processes on a 2-core machine).
 
-Not yet here: speculators' training and its checkpoint (its trainer needs its own CPU glue).
+The CPU glue, all of it in :data:`GLUE`, :func:`apply_glue` and :func:`apply_train_glue`: the
+connector copies through CUDA streams and events into pinned memory (on the CPU the copy is plain);
+the trainer moves the draft and each batch to ``local_rank`` (device 0: CUDA), autocasts on its
+``"cuda"`` fallback when no accelerator is present, and its step timer synchronizes the accelerator
+(none: the call raises).
+
+Not yet here: expected acceptance measured on this data (hs_tracer's plain-torch draft forward has
+no ``norm_before_fc``, which speculators sets, so ``profile build --draft`` leaves it out and says
+so), and a checkpoint trained long enough for the target to accept its tokens.
 """
 
 from __future__ import annotations
@@ -63,10 +79,58 @@ def _connector_copies_through_cuda() -> bool:
     return "torch.cuda.Stream" in source and "pin_memory=True" in source
 
 
+TRAINER = "speculators.train.trainer"
+
+
+def _trainer_source(name: str) -> str:
+    import inspect
+
+    return inspect.getsource(getattr(__import__(TRAINER, fromlist=["_"]), name))
+
+
+def _trainer_moves_to_local_rank() -> bool:
+    return "self.model.to(self.local_rank)" in _trainer_source("Trainer")
+
+
+def _trainer_falls_back_to_cuda() -> bool:
+    return 'else "cuda"' in _trainer_source("Trainer")
+
+
+def _timer_synchronizes_unconditionally() -> bool:
+    import torch
+
+    src = _trainer_source("_StepTimer")
+    return "torch.accelerator.synchronize()" in src and not torch.accelerator.is_available()
+
+
 GLUE = (
     Glue("CPU copies in vLLM's hidden-states connector", f"{CONNECTOR}:torch",
          _connector_copies_through_cuda),
+    Glue("the trainer's device is the CPU, not local rank 0", f"{TRAINER}:get_local_rank",
+         _trainer_moves_to_local_rank),
+    Glue("the trainer's autocast device type is cpu, not its cuda fallback", f"{TRAINER}:Trainer",
+         _trainer_falls_back_to_cuda),
+    Glue("no accelerator to synchronize in the step timer", "torch.accelerator:synchronize",
+         _timer_synchronizes_unconditionally),
 )
+
+
+def apply_train_glue() -> None:
+    """The trainer puts the draft and each batch on the CPU (``.to("cpu")`` where it says
+    ``.to(local_rank)``), autocasts on the CPU, and its step timer's synchronize is a no-op: the
+    CPU's work is done when a call returns."""
+    import torch
+
+    trainer = __import__(TRAINER, fromlist=["_"])
+    trainer.get_local_rank = lambda: "cpu"
+    init = trainer.Trainer.__init__
+
+    def cpu_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.device_type = "cpu"
+
+    trainer.Trainer.__init__ = cpu_init
+    torch.accelerator.synchronize = lambda device=None: None
 
 
 def apply_glue() -> None:
@@ -150,6 +214,35 @@ def _capture(work: Path) -> None:
                                        + "\n")
 
 
+def _train(work: Path) -> None:
+    """speculators' trainer (its ``train`` command's ``main``) for the recipe's steps on the data, the
+    SmolLM2 target as verifier; its rows are listed in a ``datasets`` table as its data prep lists them
+    (``input_ids``, ``loss_mask``, ``seq_len``) beside the ``hidden_states`` the capture wrote."""
+    import torch
+
+    torch.set_num_threads(1)
+    apply_train_glue()
+    from datasets import Dataset
+    from safetensors.torch import load_file
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    spec = json.loads((work / "recipe.json").read_text())
+    data, captured = work / "train-data", Path(spec["data"]) / "data" / "hidden_states"
+    rows = [load_file(captured / f"hs_{i}.safetensors")["token_ids"].tolist() for i in range(spec["samples"])]
+    Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] + [1] * (len(r) - 1) for r in rows],
+                       "seq_len": [len(r) for r in rows]}).with_format("torch").save_to_disk(str(data))
+    (data / "hidden_states").symlink_to(captured)
+    t0 = time.perf_counter()
+    main(TrainConfig.resolve([
+        "--verifier-name-or-path", spec["target"], "--data-path", str(data), "--save-path",
+        str(work / "checkpoints"), "--log-dir", str(work / "logs"), "--max-steps", str(spec["steps"]),
+        "--epochs", "1", "--total-seq-len", str(spec["total_seq_len"]), "--num-layers", "1",
+        "--seed", str(spec["seed"]), "--loss-implementation", "eager", "--draft-attn-impl", "sdpa",
+        "--num-workers", "0"]))
+    (work / "train.json").write_text(json.dumps({"train_s": round(time.perf_counter() - t0, 1)}) + "\n")
+
+
 def _glue_report() -> None:
     print(json.dumps({"glue": {g.name: g.status() for g in GLUE}}, indent=2))
 
@@ -206,10 +299,72 @@ def ensure_data(root: Path | None = None, recipe: SpeculatorsRecipe | None = Non
     return final
 
 
+@dataclass(frozen=True)
+class TrainRecipe:
+    """What determines the checkpoint besides the data (its recipe and the pins are part of the key)."""
+
+    steps: int = 3
+    total_seq_len: int = 128
+    seed: int = 0
+
+    def digest(self, data: SpeculatorsRecipe) -> str:
+        blob = json.dumps({"data": data.digest(), "train": asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def ensure_checkpoint(root: Path | None = None, recipe: SpeculatorsRecipe | None = None,
+                      train: TrainRecipe | None = None) -> Path:
+    """The checkpoint dir speculators' trainer saved for ``train`` on the data of ``recipe`` (its
+    ``config.json`` and ``model.safetensors``; the optimizer and scheduler state are dropped: only
+    the draft is read and served), built on first use under ``root/speculators-checkpoint-<hash>``;
+    its ``manifest.json`` beside the draft says the recipe, versions and timings."""
+    from hs_tracer_testbed.build import _locked, default_cache_root
+
+    recipe, train = recipe or SpeculatorsRecipe(), train or TrainRecipe()
+    base = Path(root) if root is not None else default_cache_root()
+    name = f"speculators-checkpoint-{train.digest(recipe)}"
+    final = base / name
+    if not (final / "manifest.json").exists():
+        data = ensure_data(base, recipe)
+        with _locked(base / f".{name}.lock"):
+            if not (final / "manifest.json").exists():
+                _train_into(base / f".{name}.building", data, train)
+                (base / f".{name}.building").rename(final)
+    return final / "draft"
+
+
+def _train_into(tmp: Path, data: Path, train: TrainRecipe) -> None:
+    """Run the train stage in ``tmp`` (recreated) and keep its final checkpoint as ``tmp/draft``."""
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    capture = json.loads((data / "manifest.json").read_text())
+    spec = {**asdict(train), "data": str(data), "target": capture["target"],
+            "samples": capture["recipe"]["samples"]}
+    (tmp / "recipe.json").write_text(json.dumps(spec) + "\n")
+    with open(tmp / "train.log", "w") as log:
+        done = subprocess.run([str(python()), "-m", __name__, "train", str(tmp)], env=tool_env(),
+                              stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"speculators train failed (rc {done.returncode}):\n"
+                           f"{(tmp / 'train.log').read_text()[-3000:]}")
+    last = (tmp / "checkpoints" / "epoch0_end").resolve()  # the one epoch's end: all the steps
+    for state in ("optimizer_state_dict.pt", "scheduler_state_dict.pt"):
+        (last / state).unlink()
+    last.rename(tmp / "draft")
+    shutil.rmtree(tmp / "checkpoints")
+    shutil.rmtree(tmp / "train-data")
+    manifest = {"format": RUN_FORMAT, "recipe": spec, "tool": "speculators", "versions": capture["versions"],
+                "timings_s": json.loads((tmp / "train.json").read_text())}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "glue":
         _glue_report()
     elif sys.argv[1] == "capture":
         _capture(Path(sys.argv[2]))
+    elif sys.argv[1] == "train":
+        _train(Path(sys.argv[2]))
     else:
         raise SystemExit(f"unknown stage {sys.argv[1]!r}")

@@ -72,7 +72,7 @@ BACKGROUND_MAKE = $(MAKE)
 RELEASE_ENGINE_TESTS := tests/test_release_engine.py tests/test_eagle_lossless.py \
 	tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged tests/test_faults_engine.py
 
-.PHONY: demo test test-fast test-vllm lint venv venv-vllm lock clean release-checks release-engine
+.PHONY: demo test test-fast test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.
@@ -150,10 +150,10 @@ ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	tests/infra/c_toolchain.sh $(BIN)/python
 ifneq ($(origin SGLANG),command line)
 	@# The suite in the foreground; beside it, one at a time (each mostly one single-threaded
-	@# process, the suite too), vLLM's venv and every older release's layer venv and checks, their
-	@# output in $(TEST_LOGS)/ (tests/infra/alongside.sh). Then the engine tests of the releases in
-	@# ENGINE_SGLANG, one engine at a time, and the vLLM tests.
-	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm $(CHECKED_SGLANG:%=release-checks-%) \
+	@# process, the suite too), vLLM's venv, the real trainers' runs and every older release's layer
+	@# venv and checks, their output in $(TEST_LOGS)/ (tests/infra/alongside.sh). Then the engine
+	@# tests of the releases in ENGINE_SGLANG, one engine at a time, and the vLLM tests.
+	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm trainer-runs $(CHECKED_SGLANG:%=release-checks-%) \
 		-- $(BIN)/python -m pytest
 	$(foreach v,$(ENGINE_SGLANG),$(MAKE) release-engine SGLANG=$(v) &&) true
 	$(MAKE) test-vllm
@@ -179,6 +179,13 @@ release-checks-%:
 
 # vLLM's venv as one make target, for `make test`'s background.
 venv-vllm: $(VLLM_STAMP)
+
+# The real trainers' runs the tests read (SpecForge's capture, training and export; speculators' data
+# through vLLM and its training), built into the testbed cache ahead of the tests that need them:
+# about 10 minutes of mostly one core on a fresh machine, which `make test` spends beside the suite.
+trainer-runs: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -c "from hs_tracer_testbed.trainers import specforge, speculators; \
+		specforge.ensure_run(); speculators.ensure_checkpoint()"
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
 test-fast: $(STAMP)

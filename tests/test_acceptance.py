@@ -84,6 +84,15 @@ def test_without_expectation_an_accept_length_near_one_is_critical() -> None:
     assert acceptance_findings(Acceptance(200, 1.6, [0.4, 0.15, 0.05]), None) == []
 
 
+def test_with_the_features_right_and_no_expectation_an_untrained_draft_is_among_the_causes() -> None:
+    """A draft trained a few steps is fed right and accepts nothing: without a measured expectation
+    the report cannot tell it from a vocabulary-map fault, and says so; with one it is not named."""
+    bare = acceptance_findings(COLLAPSED, None, features_match=True)[0]
+    assert "the draft itself" in bare.message and "--draft" in bare.fix
+    measured = acceptance_findings(COLLAPSED, EXPECTED, features_match=True)[0]
+    assert "the draft itself" not in measured.message
+
+
 def test_cause_before_symptom() -> None:
     drop_right = acceptance_findings(COLLAPSED, EXPECTED, features_match=True)
     assert [r.cause for r in group(drop_right)] == ["vocabulary_map"]

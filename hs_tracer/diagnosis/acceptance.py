@@ -106,6 +106,10 @@ def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | 
                  "statistics stay right; hs-tracer replay on a capture names it)")
         fix = ("run `hs-tracer check --draft D --target T --profile P`: a d2t or norm-flag finding names the "
                "cause; if it reports none, replay a capture (hs-tracer replay) with a greedy request")
+        if b.expected is None:
+            cause += ("; or (6) the draft itself: the profile holds no expected acceptance, so a draft that "
+                      "never learned to speculate (too few training steps) cannot be told from these")
+            fix += "; build the profile with --draft to measure what this draft reaches on its training data"
     else:
         cause = ("; without a profile the features cannot be checked: a miswiring, a broken vocabulary map "
                  "(d2t), normalisation flags and sampling settings all look like this")

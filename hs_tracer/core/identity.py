@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import abc
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from hs_tracer import sources
+
+logger = logging.getLogger("hs_tracer")
 
 ROWS = 8
 """Rows sampled per forward."""
@@ -142,7 +145,7 @@ class LayerIdentity(abc.ABC):
         its first layer opens the sample here)."""
 
     # ---- startup -------------------------------------------------------------------------------
-    def install(self, keep_first: bool) -> bool:
+    def install(self, keep_first: bool = False) -> bool:
         """Prepare the buffers and a wrapper per decoder layer, set only for a sampled forward; with
         ``keep_first`` the first layer keeps its wrapper (it decides per forward). False (nothing
         wrapped) for a loop whose layers take no capture this engine's adapter knows."""
@@ -324,3 +327,21 @@ class LayerIdentity(abc.ABC):
         return {"every": self.every, "sampled": self.sampled, "recorded": self.recorded,
                 "missed": self.missed, "rows": ROWS, "dims": self.dims, "failed": self.failed,
                 "no_last_block": self.no_last_block}
+
+
+L = TypeVar("L", bound=LayerIdentity)
+
+
+def installed(sampler: L) -> L | None:
+    """``sampler`` with its layers wrapped, or None (logged once) where its buffers cannot be made
+    or the body's decoder layers take no capture its adapter knows: serving goes on without it."""
+    try:
+        done = sampler.install()
+    except (RuntimeError, ValueError, TypeError) as exc:  # e.g. no memory for its buffers
+        logger.warning("hs_tracer: in-engine layer identity is off: %s: %s", type(exc).__name__, exc)
+        return None
+    if not done:
+        logger.info("hs_tracer: %s's decoder layers take no capture hs_tracer knows; in-engine layer "
+                    "identity is off", type(sampler.body).__name__)
+        return None
+    return sampler

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hs_tracer import sources
-from hs_tracer.core.identity import LayerIdentity, spread
+from hs_tracer.core.identity import LayerIdentity, installed, spread
 
 logger = logging.getLogger("hs_tracer")
 
@@ -107,13 +107,4 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target["device"], st.target["dtype"], record=st.emitting,
                               fail=lambda exc: st.fail("layer identity", exc))
-    try:
-        installed = sampler.install()
-    except (RuntimeError, ValueError, TypeError) as exc:  # e.g. no memory for its buffers: serve without
-        logger.warning("hs_tracer: in-engine layer identity is off: %s: %s", type(exc).__name__, exc)
-        return None
-    if not installed:
-        logger.info("hs_tracer: %s's decoder layers take no inputs hs_tracer knows; in-engine layer "
-                    "identity is off", type(body).__name__)
-        return None
-    return sampler
+    return installed(sampler)

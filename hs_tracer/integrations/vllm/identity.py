@@ -33,13 +33,19 @@ from hs_tracer.core.identity import LayerIdentity, installed, spread
 logger = logging.getLogger("hs_tracer")
 
 
+def layer_style(forward: Callable[..., Any]) -> str | None:
+    """``inputs`` for a decoder layer that takes ``hidden_states`` and ``residual`` (vLLM's loops
+    capture their sum before calling it), else None (no identity for this model)."""
+    params = inspect.signature(forward).parameters
+    return "inputs" if "hidden_states" in params and "residual" in params else None
+
+
 class IdentitySampler(LayerIdentity):
     """Samples one vLLM target model body (module docstring); a wrapper on the body's ``forward``
     opens the sample and hands the body's result over."""
 
     def layer_style(self, forward: Callable[..., Any]) -> str | None:
-        params = inspect.signature(forward).parameters
-        return "inputs" if "hidden_states" in params and "residual" in params else None
+        return layer_style(forward)
 
     def install(self, keep_first: bool = False) -> bool:
         if not super().install(keep_first):

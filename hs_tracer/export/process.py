@@ -118,7 +118,7 @@ class ExportProcess:
         self._queue("window", {}, [window.count, window.sum, window.sumsq])
 
     def queue_identity(self, names: list[str], candidates: np.ndarray, slots: np.ndarray) -> None:
-        """Queue one identity sample's rows (integrations/sglang/identity.py)."""
+        """Queue one identity sample's rows (hs_tracer/core/identity.py)."""
         self._queue("identity", {"sources": list(names)}, [candidates, slots])
 
     def queue_status(self, status: dict[str, Any], health: Health) -> None:

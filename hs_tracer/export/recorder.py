@@ -74,7 +74,7 @@ class StepSource(Protocol):
 
 
 class IdentitySample(Protocol):
-    """One sampled forward's rows (integrations/sglang/identity.py): candidates [S, R, D] named by
+    """One sampled forward's rows (hs_tracer/core/identity.py): candidates [S, R, D] named by
     ``sources``, the draft-input slots [R, K, D]."""
 
     sources: list[str]

@@ -58,6 +58,9 @@ def _serve() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     from vllm import LLM, SamplingParams
 
+    from hs_tracer_testbed.runtime import miscapture
+
+    miscapture.patch_vllm()  # HS_TRACER_TESTBED_MISCAPTURE: the engine in this process (one rank)
     _count_start()
     tp = int(spec.get("tensor_parallel_size", 1))
     kwargs: dict[str, Any] = {

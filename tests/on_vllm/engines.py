@@ -5,6 +5,8 @@ machine).
 * ``plain``: the target alone (greedy reference tokens);
 * ``configured``: EAGLE-3 with the pair's draft, traced, with the training profile;
 * ``ids_missing``: the same draft without its layer ids (vLLM falls back to its default), traced;
+* ``late_deep``: ``configured`` with the target's capture loop patched to capture every slot but
+  the first one layer late, its record unchanged (``hs_tracer_testbed.runtime.miscapture``);
 * ``tp2``: ``configured`` with ``tensor_parallel_size=2`` (a worker process per rank), traced, and
   ``tp2:plain``, the target alone at TP 2 (its greedy reference);
 * ``faults``: EAGLE-3 traced, serving one workload per hook with a fault injected in that hook.
@@ -17,7 +19,8 @@ from typing import Any
 
 from hs_tracer.integrations.vllm import versions
 
-TRACED_ENV = {"HS_TRACER": "1", "HS_TRACER_WINDOW_TOKENS": "128"}
+# every target forward measures the slots' layer identity (a few rows; the default samples 1 in 32)
+TRACED_ENV = {"HS_TRACER": "1", "HS_TRACER_WINDOW_TOKENS": "128", "HS_TRACER_IDENTITY_EVERY": "1"}
 NUM_PROMPTS = 16
 MAX_NEW_TOKENS = 24
 STARTUP_HOOK = "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs"
@@ -51,6 +54,9 @@ class Engines:
             return base
         if name == "configured":
             return {**base, "draft": str(self.pair.draft), "env": traced}
+        if name == "late_deep":
+            return {**base, "draft": str(self.pair.draft),
+                    "env": {**traced, "HS_TRACER_TESTBED_MISCAPTURE": "late_deep"}}
         if name == "tp2":  # two worker processes (vLLM's multi-process executor), tracing in each
             return {**base, "draft": str(self.pair.draft), "env": traced, "tensor_parallel_size": 2}
         if name == "tp2:plain":  # its reference: TP 2 sums in another order than TP 1 (bf16 near-ties)

@@ -1,7 +1,9 @@
 """hs_tracer inside real vLLM engines on CPU (the vLLM testbed pair): greedy decoding stays lossless
 with tracing on, hs_tracer's acceptance equals vLLM's own spec-decode counters, the configured draft
 is ``ok``, a copy whose layer ids vLLM does not find is named slot by slot, the demo's verdict on the
-two, and a fault in any hook leaves the served tokens unchanged."""
+two, and a fault in any hook leaves the served tokens unchanged. Every traced engine measures the
+slots' layer identity on every target forward: the configured draft measured as trained, a capture
+loop patched to feed later layers named slot by slot."""
 
 from __future__ import annotations
 
@@ -11,6 +13,13 @@ import pytest
 
 from hs_tracer.diagnosis.report import Report
 from tests.on_vllm.engines import HOOK_NAMES, NUM_PROMPTS, diagnosis
+
+TRAINED = ["block:0", "block:3", "block:6"]
+
+
+def _measured(d: dict) -> list[str | None]:
+    """Each slot's measured source (None: not one source)."""
+    return [s["sources"][0] if len(s["sources"]) == 1 else None for s in d["measured_identity"]["slots"]]
 
 
 def test_greedy_eagle3_with_tracing_commits_exactly_the_plain_tokens(vllm_engines) -> None:
@@ -33,27 +42,46 @@ def test_acceptance_equals_vllms_counters(vllm_engines) -> None:
 
 
 def test_configured_draft_is_served_as_trained(vllm_engines) -> None:
-    """The layers vLLM resolved (its record) are the profile's sources, and the acceptance is judged
-    and healthy: exit 0. A slot whose live statistics cannot tell its trained source from a
-    neighbour on this small target reads as not told apart, a warning that names the record as
-    unconfirmed (nothing measures it on vLLM): never a mismatch, never the record taken as proof."""
+    """The layers vLLM resolved (its record) are the profile's sources, every slot is measured on
+    the same tokens as its trained source (equal to it, far from the next candidate), and the
+    acceptance is judged and healthy: ``ok``, exit 0."""
     from hs_tracer.diagnosis.acceptance import AcceptanceThresholds
 
     run = vllm_engines["configured"]
     d = diagnosis(run)
-    trained = ["block:0", "block:3", "block:6"]
-    assert run["reports"][0]["wiring"]["sources"] == trained
-    assert Report.from_json(d).exit_code == 0, d["findings"]
-    assert d["status"] in ("ok", "warning"), d["findings"]
-    assert [s["expected_source"] for s in d["slots"]] == trained
+    rep = next(r for r in run["reports"] if r["emitting"])
+    assert rep["identity"]["sampled"] >= 1 and rep["identity"]["failed"] is None, rep["identity"]
+    assert rep["wiring"]["sources"] == TRAINED
+    assert d["measured_identity"]["samples"] >= 1
+    assert _measured(d) == TRAINED
+    for slot in d["measured_identity"]["slots"]:
+        assert slot["error"] <= 1e-3 < slot["runner_up_error"]
+    assert [s["expected_source"] for s in d["slots"]] == [s["observed_source"] for s in d["slots"]] == TRAINED
     assert d["acceptance"]["steps"] >= AcceptanceThresholds().min_steps
-    unresolved = {f["slot"]: f for f in d["findings"] if f["code"] == "slot_source_unresolved"}
-    for s in d["slots"]:
-        if s["observed_source"] != s["expected_source"]:  # ambiguous: the trained source among the candidates
-            assert s["observed_source"] == "unknown" and s["expected_source"] in s["candidates"], s
-            assert "nothing measured confirms it" in unresolved[s["index"]]["message"], d["findings"]
-    assert d["status"] == ("warning" if unresolved else "ok"), d["findings"]
-    assert not [f for f in d["findings"] if f["code"] == "slot_source_mismatch"], d["findings"]
+    assert d["status"] == "ok" and Report.from_json(d).exit_code == 0, d["findings"]
+    assert not [f for f in d["findings"] if f["code"] in ("slot_source_mismatch", "capture_record_mismatch")]
+
+
+def test_a_capture_loop_that_feeds_later_layers_is_named_by_measurement(vllm_engines) -> None:
+    """The target's loop captures every slot but the first after its layer instead of before, while
+    vLLM's record (``aux_hidden_state_layers``) stays as configured: the measurement names each slot
+    as fed, the engine's record is called wrong, exit 1; the served tokens are still plain decoding's
+    (the draft only proposes)."""
+    run = vllm_engines["late_deep"]
+    fed = ["block:0", "block:4", "block:7"]
+    assert run["workloads"]["main"]["output_ids"] == vllm_engines["plain"]["workloads"]["main"]["output_ids"]
+    rep = next(r for r in run["reports"] if r["emitting"])
+    assert rep["enabled"], rep["disabled_reason"]
+    assert rep["aux"]["layer_ids"] == [1, 4, 7] and rep["wiring"]["sources"] == TRAINED
+    d = diagnosis(run)
+    assert _measured(d) == fed
+    assert [s["observed_source"] for s in d["slots"]] == fed
+    assert d["status"] == "miswired" and Report.from_json(d).exit_code == 1, d["findings"]
+    mismatches = [f for f in d["findings"] if f["code"] == "capture_record_mismatch"]
+    assert {f["slot"] for f in mismatches} == {1, 2}, d["findings"]
+    for f in mismatches:
+        assert f["severity"] == "critical"
+        assert (f["expected"], f["observed"]) == (TRAINED[f["slot"]], fed[f["slot"]])
 
 
 def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:

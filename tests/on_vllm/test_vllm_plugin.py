@@ -44,3 +44,14 @@ def test_plugin_wraps_every_hook_only_with_hs_tracer_on() -> None:
     base["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core would run in this process
     assert _applied_after_register(base) == "0"
     assert _applied_after_register({**base, "HS_TRACER": "1"}) == str(len(versions.FAMILIES[0].hooks))
+
+
+def test_vllms_decoder_layers_take_the_inputs_the_identity_sampler_reads() -> None:
+    from vllm.model_executor.models.llama import LlamaDecoderLayer
+    from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
+    from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
+
+    from hs_tracer.integrations.vllm.identity import layer_style
+
+    for cls in (LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer):
+        assert layer_style(cls.forward) == "inputs", cls

@@ -74,18 +74,27 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
         findings.insert(0, unfit)
     st.finish_startup(wiring, findings)
+    if use_aux and st.steps is not None:  # the emitting rank's tracer is running: measure the slots
+        from hs_tracer.integrations.vllm import identity
+
+        st.identity = identity.install(st, _body(runner.model))
+        st.write_report()
 
 
-def _resolved_layers(model: Any) -> list[int] | None:
-    """The aux layer ids the target model holds (``EagleModelMixin.aux_hidden_state_layers``),
-    found as vLLM's ``set_aux_hidden_state_layers`` finds the holder."""
+def _body(model: Any) -> Any:
+    """The model body that holds the aux layer ids (``EagleModelMixin``), found as vLLM's
+    ``set_aux_hidden_state_layers`` finds it."""
     parent = model
     if hasattr(model, "get_language_model"):
         parent = model.get_language_model()
     elif hasattr(model, "language_model"):
         parent = model.language_model
-    holder = getattr(parent, "model", parent)
-    layers = getattr(holder, "aux_hidden_state_layers", None)
+    return getattr(parent, "model", parent)
+
+
+def _resolved_layers(model: Any) -> list[int] | None:
+    """The aux layer ids the target model holds (``EagleModelMixin.aux_hidden_state_layers``)."""
+    layers = getattr(_body(model), "aux_hidden_state_layers", None)
     return None if layers is None else [int(v) for v in layers]
 
 

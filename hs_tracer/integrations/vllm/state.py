@@ -3,7 +3,8 @@
 One :class:`TracerState` per vLLM process that runs a model. The hooks hand it what they read from
 vLLM; it keeps the wiring, owns the fingerprint probe and the step path (the engine-neutral
 pipeline: probe -> step log -> recorder thread -> export process), and writes the live report. No
-draft-input capture in vLLM yet: ``capture`` stays None.
+draft-input capture in vLLM yet: ``capture`` stays None. With ``HS_TRACER_IDENTITY_EVERY`` on, the
+identity sampler (:mod:`.identity`) measures which layer each draft-input slot carries.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.core import state as core
@@ -22,6 +23,9 @@ from hs_tracer.findings import Finding
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.integrations.vllm import patching
 from hs_tracer.records import Ranks, WiringRecord
+
+if TYPE_CHECKING:
+    from hs_tracer.integrations.vllm.identity import IdentitySampler
 
 logger = logging.getLogger("hs_tracer")
 
@@ -44,6 +48,7 @@ class TracerState(core.TracerState):
     proposing: Any = None  # the SchedulerOutput of the step whose drafts are being proposed
     # (request id, accept length) of the step vLLM's scheduler is accounting right now
     pending: list[tuple[str, int]] = field(default_factory=list)
+    identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)
 
     @property
     def max_accept_length(self) -> int | None:
@@ -97,6 +102,7 @@ class TracerState(core.TracerState):
                 "decode": self.steps.decode is not None, "decode_steps": self.steps.decode_steps},
             "export": None if self.recorder is None else self.recorder.where(),
             "recorder_thread_cpu_s": None if self.recorder is None else self.recorder.cpu_json(),
+            "identity": None if self.identity is None else self.identity.status(),
         }
         return self.with_diagnosis(out)
 

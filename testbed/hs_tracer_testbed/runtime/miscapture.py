@@ -1,18 +1,19 @@
 """A target capture loop that feeds the draft other layers than its ``layers_to_capture`` says: the
 ways an engine's model loop goes wrong while its record stays as configured. Testbed only, for the
-tests of in-engine layer identity; applied in every engine process when
-``HS_TRACER_TESTBED_MISCAPTURE`` names a mode (``patches.install``).
+tests of in-engine layer identity; applied in every SGLang engine process when
+``HS_TRACER_TESTBED_MISCAPTURE`` names a mode (``patches.install``), and to vLLM's Llama body in the
+process that serves a vLLM testbed run (``hs_tracer_testbed.vllm_runs``).
 
-Modes, for a body whose ``layers_to_capture`` is ``L`` (layer ``l`` captured = the residual stream
-entering layer ``l``):
+Modes, for a body whose ``layers_to_capture`` (vLLM: ``aux_hidden_state_layers``) is ``L`` (layer
+``l`` captured = the residual stream entering layer ``l``):
 
 * ``late``: every slot is captured after its layer instead of before it (``l + 1``: one layer late);
 * ``late_deep``: the same for every slot but the first;
 * ``embedding_first``: the first slot gets the embedding (layer 0), the others stay.
 
-The loop runs with the changed list and the body's ``layers_to_capture`` is restored before it
-returns, so everything that reads it (SGLang's record, hs_tracer's startup and capture metadata)
-sees the configured layers.
+The loop runs with the changed list and the body's list is restored before it returns, so
+everything that reads it (the engine's record, hs_tracer's startup and capture metadata) sees the
+configured layers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ MODES: dict[str, Callable[[list[int]], list[int]]] = {
     "embedding_first": lambda layers: [0, *layers[1:]],
 }
 BODIES = {"sglang.srt.models.llama": "LlamaModel", "sglang.srt.models.deepseek_v2": "DeepseekV2Model"}
+VLLM_BODY = ("vllm.model_executor.models.llama", "LlamaModel", "aux_hidden_state_layers")
 
 
 def mode() -> str | None:
@@ -40,20 +42,20 @@ def mode() -> str | None:
     return name
 
 
-def miscapture(cls: type, shift: Callable[[list[int]], list[int]]) -> None:
-    """Make ``cls.forward`` capture ``shift(layers_to_capture)`` while its record stays."""
+def miscapture(cls: type, shift: Callable[[list[int]], list[int]], attr: str = "layers_to_capture") -> None:
+    """Make ``cls.forward`` capture ``shift`` of its layer list (``attr``) while its record stays."""
     forward = cls.forward
 
     @functools.wraps(forward)
     def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        configured = self.layers_to_capture
+        configured = getattr(self, attr)
         if not configured:
             return forward(self, *args, **kwargs)
-        self.layers_to_capture = shift(list(configured))
+        setattr(self, attr, type(configured)(shift(list(configured))))
         try:
             return forward(self, *args, **kwargs)
         finally:
-            self.layers_to_capture = configured
+            setattr(self, attr, configured)
 
     cls.forward = patched
 
@@ -65,3 +67,13 @@ def patches() -> dict[str, Callable[[ModuleType], None]]:
         return {}
     return {module: (lambda m, cls=cls: miscapture(getattr(m, cls), MODES[name]))
             for module, cls in BODIES.items()}
+
+
+def patch_vllm() -> None:
+    """Apply the mode asked for (if any) to vLLM's Llama body in this process."""
+    name = mode()
+    if name is not None:
+        import importlib
+
+        module, cls, attr = VLLM_BODY
+        miscapture(getattr(importlib.import_module(module), cls), MODES[name], attr)

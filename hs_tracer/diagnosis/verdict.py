@@ -61,7 +61,7 @@ def recorded_wiring(recorded: Sequence[str] | None, profile: Profile | None) -> 
         Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
         f"slot {k} is fed {got} by the engine's own record (its layers_to_capture, in the capture's "
         f"manifest); the draft was trained on {want}",
-        fix=f"make the engine feed {want} in slot {k}: check the draft config's "
+        fix=f"make the engine feed {want} in slot {k} (it feeds {got}): check the draft config's "
         "eagle_aux_hidden_state_layer_ids and the engine's layer-id convention (hs-tracer check)",
         slot=k, expected=want, observed=got, details={"recorded": list(recorded), "account": True})
         for k, (want, got) in enumerate(zip(profile.sources, recorded, strict=True)) if want != got]

@@ -206,6 +206,64 @@ def test_one_in_every_extend_forward_is_sampled_and_nothing_else() -> None:
     assert len(sampler.landed()) == 2 and sampler.landed() == []
 
 
+class GraphRunner:
+    """A target model runner with a prefill graph runner, shaped like SGLang 0.5.23's ``ModelRunner``:
+    a prefill replays its captured graph (none of the layers' Python runs) while
+    ``prefill_cuda_graph_runner`` is set, else runs the body eagerly."""
+
+    def __init__(self, body: Body) -> None:
+        self.body = body
+        self.prefill_cuda_graph_runner: Any = object()
+        self.graphs = self.prefill_cuda_graph_runner
+        self.replays = self.eager = 0
+
+    def forward(self, forward_batch: Any, skip_attn_backend_init: bool = False) -> Any:
+        if self.prefill_cuda_graph_runner is not None:
+            self.replays += 1
+            return None
+        self.eager += 1
+        ids = torch.randint(0, 100, (sum(forward_batch.extend_seq_lens_cpu),),
+                            generator=torch.Generator().manual_seed(self.eager))
+        with torch.no_grad():
+            return self.body(ids, None, forward_batch)
+
+
+def test_under_prefill_graphs_the_runner_counts_every_prefill_and_runs_the_sampled_one_eagerly() -> None:
+    """A replayed graph runs no layer Python, so the runner's forward counts the prefills and sets the
+    graph runner aside for the sampled one; a graph's warm-up or capture (the body called directly,
+    as SGLang's graph runners do) is never sampled."""
+    body = Body(CallbackLayer, [1, 3, 4], lambda ls: [lay - 1 for lay in ls])  # fed one layer early
+    sampler = _sampler(body, every=4)
+    runner = GraphRunner(body)
+    sampler.install_runner(runner)
+    _forward(body, sampler, _batch())  # a capture's warm-up: not through the runner's forward
+    assert sampler.sampled == 0
+    for _ in range(8):
+        out = runner.forward(_batch())
+        if sampler.active is not None:
+            sampler.finish(out)
+    assert (runner.replays, runner.eager, sampler.sampled, sampler.eager) == (6, 2, 2, 2)
+    assert runner.prefill_cuda_graph_runner is runner.graphs  # put back after each sampled forward
+    runner.forward(_batch(ForwardMode.DECODE))  # never sampled, never counted
+    assert sampler.status()["eager_prefills"] == 2
+    for sample in sampler.landed():
+        cands = {n: torch.from_numpy(sample.candidates[i]) for i, n in enumerate(sample.sources)}
+        measured = identify(torch.from_numpy(sample.slots), cands, EXACT_TOLERANCE)
+        assert measured_sources(measured) == ["embedding", "block:1", "block:2"]
+
+
+def test_the_runner_puts_its_graphs_back_when_the_sampled_forward_raises() -> None:
+    def broken(*_args: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    sampler = _sampler(Body(CallbackLayer, [1, 3, 4]), every=1)
+    runner = GraphRunner(broken)  # type: ignore[arg-type]
+    sampler.install_runner(runner)
+    with pytest.raises(RuntimeError, match="out of memory"):  # SGLang's error, unchanged
+        runner.forward(_batch())
+    assert runner.prefill_cuda_graph_runner is runner.graphs and sampler.failed is None
+
+
 def test_a_failure_inside_the_sampler_stops_it_and_leaves_the_forward_alone() -> None:
     errors: list[BaseException] = []
     body = Body(CallbackLayer, [1, 3, 4])

@@ -102,7 +102,7 @@ def read_target(st: TracerState, runner: Any) -> None:
     if st.identity is None:
         from hs_tracer.integrations.sglang import identity
 
-        st.identity = identity.install(st, body)
+        st.identity = identity.install(st, body, runner)
     st.write_report()
 
 

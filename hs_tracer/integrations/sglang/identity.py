@@ -1,8 +1,8 @@
 """Same-token layer identity inside SGLang (the engine-neutral sampler: :mod:`hs_tracer.core.identity`).
 
-What is sampled. One in ``HS_TRACER_IDENTITY_EVERY`` eager extend forwards (``EXTEND``/``MIXED``;
-never a target-verify or decode forward, never a forward under CUDA-graph capture or torch.compile)
-that has rows past position 0. Up to ``ROWS`` rows are picked, spread over the batch, none at
+What is sampled. One in ``HS_TRACER_IDENTITY_EVERY`` extend forwards (``EXTEND``/``MIXED``; never a
+target-verify or decode forward, never a graph's warm-up or capture, never under torch.compile) that
+has rows past position 0. Up to ``ROWS`` rows are picked, spread over the batch, none at
 position 0 of its sequence (SGLang's loops and the profiles treat that row apart). For those rows:
 
 * ``embedding`` .. ``block:N-2``: the value SGLang's own capture at layer ``i`` yields (the
@@ -16,9 +16,21 @@ position 0 of its sequence (SGLang's loops and the profiles treat that row apart
 * ``final_norm`` and the slots: the body's output and the aux hidden states it returns, handed over
   by the after-hook on the body's ``forward``.
 
-Cost: an unsampled forward pays one call of the first layer's wrapper and a countdown check (eager
-forwards only: under CUDA graphs this Python does not run); the other layers carry a wrapper only
-during a sampled forward. Every tensor rank of a sampled forward passes the capture channels (the
+Which forwards count. The model runner's ``forward`` decides (a wrapper on the target's runner):
+one in ``HS_TRACER_IDENTITY_EVERY`` extend forwards, counted whether the prefill replays a CUDA graph
+or runs eagerly; the sampled one runs eagerly (its prefill graph runner is out of sight for that
+call), since a replayed graph runs none of the layers' Python. Forwards that SGLang runs to warm up
+and capture its graphs never go through ``forward`` and are never sampled: their rows are dummy
+data, and under capture the copies would be recorded into the graph instead of run. Without a
+runner (a model body driven directly) the first layer decides, on eager forwards outside SGLang's
+graph capture.
+
+Cost: an unsampled forward pays one call of the runner's wrapper and a countdown check, plus, when
+eager, one call of the first layer's wrapper; the other layers carry a wrapper only during a
+sampled forward. A sampled prefill that would have replayed a graph runs eagerly (one in
+``HS_TRACER_IDENTITY_EVERY`` prefills; decode and verify steps are never touched).
+
+Ranks. Every tensor rank of a sampled forward passes the capture channels and runs it eagerly (the
 sampling decision depends only on the batch, the same on every rank), so the layers' collectives
 stay alike across ranks; only the emitting rank records.
 """
@@ -96,18 +108,93 @@ def layer_style(forward: Callable[..., Any]) -> str | None:
     return None
 
 
+PREFILL_GRAPH_RUNNERS = ("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner")
+"""The model runner's attributes that hold a prefill graph runner (0.5.23's breakable CUDA graphs;
+the torch.compile piecewise graphs of earlier releases): set aside for a sampled forward."""
+
+
+def _graph_capture_check() -> Callable[[], bool]:
+    """SGLang's own "a graph is being warmed up or captured" flag (False where it has none)."""
+    try:
+        from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode
+    except ImportError:  # releases before the graph runners were split
+        try:
+            from sglang.srt.model_executor.cuda_graph_runner import get_is_capture_mode
+        except ImportError:
+            return lambda: False
+    return get_is_capture_mode
+
+
 class IdentitySampler(LayerIdentity):
-    """Samples one SGLang target model body (module docstring); its first layer decides per forward."""
+    """Samples one SGLang target model body (module docstring); the target's model runner decides
+    per forward where it is wrapped (:meth:`install_runner`), else the body's first layer."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fb_at = 0  # where the first layer takes its forward batch positionally
+        self.runner: Any = None  # the target's model runner, once its forward decides
+        self._pending: list[int] | None = None  # rows the runner chose for the forward running now
+        self._capturing: Callable[[], bool] = lambda: False
+        self.eager = 0  # sampled prefills run eagerly instead of replaying a graph
 
     def install(self, keep_first: bool = True) -> bool:
         first = self.body.layers[self.start].forward
         if "forward_batch" in inspect.signature(first).parameters:
             self._fb_at = list(inspect.signature(first).parameters).index("forward_batch")
+        self._capturing = _graph_capture_check()
         return super().install(keep_first)
+
+    def install_runner(self, runner: Any) -> None:
+        """Let the target's model runner decide which forwards are sampled (module docstring)."""
+        forward = runner.forward
+        params = list(inspect.signature(forward).parameters)
+        at = params.index("forward_batch") if "forward_batch" in params else 0
+
+        def runner_forward(*args: Any, **kwargs: Any) -> Any:
+            set_aside = self._decide(runner, kwargs["forward_batch"] if "forward_batch" in kwargs
+                                     else args[at] if len(args) > at else None)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._pending = None
+                for name, graphs in set_aside:
+                    setattr(runner, name, graphs)
+
+        runner_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+        runner.forward = runner_forward
+        self.runner = runner
+
+    def _due(self, fb: Any) -> list[int] | None:
+        """The rows to sample of this forward batch, or None (a countdown check unless it is due)."""
+        if fb.forward_mode.name not in ("EXTEND", "MIXED") or fb.extend_seq_lens_cpu is None:
+            return None
+        if self.countdown > 0:
+            self.countdown -= 1
+            return None
+        rows = sample_rows(list(fb.extend_prefix_lens_cpu or [0] * len(fb.extend_seq_lens_cpu)),
+                           list(fb.extend_seq_lens_cpu))
+        return rows or None  # nothing past position 0: the next extend forward is looked at
+
+    def _decide(self, runner: Any, fb: Any) -> list[tuple[str, Any]]:
+        """Before the runner's forward: is it sampled? If so its prefill graph runners are set
+        aside (returned, to be put back), so the forward runs eagerly through the layers."""
+        self._pending = None
+        if self.every <= 0 or self.failed is not None or fb is None:
+            return []
+        try:
+            rows = self._due(fb)
+            if rows is None:
+                return []
+            set_aside = [(name, getattr(runner, name)) for name in PREFILL_GRAPH_RUNNERS
+                         if getattr(runner, name, None) is not None]
+            for name, _graphs in set_aside:
+                setattr(runner, name, None)
+            self.eager += bool(set_aside)
+            self._pending = rows
+            return set_aside
+        except Exception as exc:
+            self._failure(exc)
+            return []
 
     def layer_style(self, forward: Callable[..., Any]) -> str | None:
         return layer_style(forward)
@@ -117,28 +204,27 @@ class IdentitySampler(LayerIdentity):
             self._begin(args, kwargs)
 
     def _begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The first layer of a forward (its arguments): is it sampled? (a countdown check unless it
-        is)"""
+        """The first layer of a forward (its arguments): open the sample the runner chose, or
+        without a runner decide here (a countdown check unless it is sampled)."""
         self._close_stale()
         if self.every <= 0 or self.failed is not None:
             return
+        if self.runner is not None:
+            rows, self._pending = self._pending, None
+            if rows:
+                self._open(rows)
+            return
         try:
-            fb = kwargs["forward_batch"] if "forward_batch" in kwargs else args[self._fb_at]
-            mode = fb.forward_mode
-            if self.countdown > 0:
-                if mode.name in ("EXTEND", "MIXED"):
-                    self.countdown -= 1
+            if self._capturing() or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 return
-            if mode.name not in ("EXTEND", "MIXED") or fb.extend_seq_lens_cpu is None:
-                return
-            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return
-            rows = sample_rows(list(fb.extend_prefix_lens_cpu or [0] * len(fb.extend_seq_lens_cpu)),
-                               list(fb.extend_seq_lens_cpu))
-            if rows:  # else nothing past position 0: the next extend forward is looked at
+            rows = self._due(kwargs["forward_batch"] if "forward_batch" in kwargs else args[self._fb_at])
+            if rows:
                 self._open(rows)
         except Exception as exc:
             self._failure(exc)
+
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), "eager_prefills": self.eager}
 
     def _tap(self, bound: inspect.BoundArguments, style: str, name: str) -> None:
         args = bound.arguments
@@ -216,7 +302,7 @@ def _attention_dp() -> bool | None:
     return None if size is None else int(size) > 1
 
 
-def install(st: Any, body: Any) -> IdentitySampler | None:
+def install(st: Any, body: Any, runner: Any = None) -> IdentitySampler | None:
     """The sampler for the target's model body, its layers wrapped (None when off, or for a loop
     whose layers take no known capture: logged once)."""
     every = st.config.identity_every
@@ -234,4 +320,8 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target_device, st.target_dtype, record=st.emitting, fail=_log_failure)
-    return installed(sampler)
+    if installed(sampler) is None:
+        return None
+    if runner is not None:
+        sampler.install_runner(runner)
+    return sampler

@@ -480,6 +480,7 @@ def _report_summary(rep: dict[str, Any]) -> dict[str, Any]:
         "findings": [f.get("code") for f in diag.get("findings") or []],
         "acceptance_steps": acc.get("steps"), "mean_accept_length": acc.get("mean_accept_length"),
         "probe_launches": (rep.get("probes") or {}).get("launches"),
+        "identity": rep.get("identity"), "measured_identity": diag.get("measured_identity"),
     }
 
 
@@ -923,6 +924,20 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{[sc.get('ranks') for sc in sch if sc.get('emitting')] if sch else '-'} | {slots or '-'} |")
             if s.get("error"):
                 lines.append(f"|  | error: {s['error'][:300].replace('|', '/')} |||||||||| ")
+        lines += ["", "Same-token layer identity inside each traced engine (forwards sampled / recorded / "
+                  "run eagerly instead of replaying a prefill graph; what each slot's rows equal):", "",
+                  "| server | sampled | recorded | eager prefills | samples measured | slots measured |",
+                  "|---|---|---|---|---|---|"]
+        for name, s in (tb.get("servers") or {}).items():
+            for sc in s.get("schedulers") or []:
+                ident, meas = sc.get("identity") or {}, sc.get("measured_identity") or {}
+                if sc.get("emitting") and ident:
+                    got = "; ".join(
+                        f"{m['index']}: " + ("/".join(m["sources"]) or f"none, nearest {m['nearest']}")
+                        for m in meas.get("slots") or [])
+                    lines.append(f"| {name} | {ident.get('sampled')} | {ident.get('recorded')} | "
+                                 f"{ident.get('eager_prefills', '-')} | {meas.get('samples', 0)} | "
+                                 f"{got or '-'} |")
         lines += ["", f"Greedy outputs, identical per round (round 1 / round 2 / ...; rounds after the first "
                   f"are served from the radix cache; deterministic inference: "
                   f"{'on' if r.get('deterministic_inference') else 'off'}):", ""]

@@ -666,6 +666,14 @@ def run_radix(servers: list[Server], prompts: list[str]) -> dict[str, Any]:
 
 
 # ---- orchestration -------------------------------------------------------------------------------
+def card() -> str:
+    """The GPU model for result file names ("h200", "h100"; "gpu" where it is none of those)."""
+    import torch
+
+    name = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else ""
+    return next((c for c in ("h200", "h100", "b200", "a100") if c in name), "gpu")
+
+
 def environment() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
     try:
@@ -802,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     today = datetime.date.today().isoformat()
-    stem = f"gpu_sglang_h200_tp{args.tp}_{today}{args.tag}"
+    stem = f"gpu_sglang_{card()}_tp{args.tp}_{today}{args.tag}"
     log_dir = args.out_dir / f"{stem}_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     if args.host_breakdown:

@@ -10,6 +10,9 @@ is compared with plain decoding (greedy EAGLE-3 is lossless). Beside it: the acc
 draft's last training accuracies predict (``smollm.expected_accept_length``).
 
     python benchmarks/real_accept.py --out benchmarks/results/real_accept_smollm2_cpu.json
+
+``--pair DIR`` measures another built pair (a ``smollm2-pair-<hash>`` directory that ``ensure_pair``
+made for another recipe, e.g. a longer-trained draft) with the same method and prompts.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--pair", type=Path, help="a built pair directory (default: the default recipe's pair)")
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
@@ -49,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     from hs_tracer_testbed import smollm
     from hs_tracer_testbed.runtime.runs import EngineConfig, run_configs
 
-    pair = smollm.ensure_pair()
+    if args.pair is None:
+        pair = smollm.ensure_pair()
+    else:
+        pair = smollm.PairPaths.under(args.pair, smollm.ensure_target())
     manifest = pair.load_manifest()
+    if manifest["target"]["recipe_hash"] != smollm.TargetRecipe().digest():
+        p.error(f"{args.pair} was built on another target than the default one")
     prompts = smollm.prompts(args.prompts)
     started = time.time()
     configs = [EngineConfig("plain"), EngineConfig("chain3", 3, 1)]

@@ -93,6 +93,30 @@ def test_demo_reports_a_bad_value_before_any_engine(
     assert err.count("\n") == 1
 
 
+def test_demo_refuses_a_bad_value_of_a_setting_it_replaces(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo sets HS_TRACER_WINDOW_TOKENS for its engines; the caller's invalid value still stops it."""
+    _no_engine(monkeypatch)
+    monkeypatch.setenv("HS_TRACER_WINDOW_TOKENS", "lots")
+    code, _out, err = _cli(capsys, "demo")
+    assert code == 2 and err.count("\n") == 1 and "HS_TRACER_WINDOW_TOKENS='lots'" in err
+
+
+def test_demo_names_the_settings_it_replaces(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _no_engine(monkeypatch)
+    monkeypatch.setenv("HS_TRACER_WINDOW_TOKENS", "64")
+    monkeypatch.setenv("HS_TRACER_REPORT_DIR", str(tmp_path))
+    code, _out, err = _cli(capsys, "demo", "--prompts", "0")  # stops after the settings' check
+    lines = err.splitlines()
+    assert code == 2 and lines[-1].startswith("hs-tracer demo: error: --prompts")
+    assert lines[:-1] == [
+        "hs-tracer demo runs its engines with HS_TRACER_WINDOW_TOKENS=128; your HS_TRACER_WINDOW_TOKENS=64 "
+        "is not used",
+        f"hs-tracer demo runs its engines with HS_TRACER_REPORT_DIR set to a temporary folder per engine; "
+        f"your HS_TRACER_REPORT_DIR={tmp_path} is not used"]
+
+
 def test_launcher_refuses_bad_settings_before_the_engine(
         monkeypatch: pytest.MonkeyPatch, testbed: tb.TestbedPaths) -> None:
     from hs_tracer.errors import InputError

@@ -57,15 +57,21 @@ def run(args: argparse.Namespace) -> int:
 
     if not testbed_installed():
         raise InputError(TESTBED_MISSING)
-    from hs_tracer.inputs.env import require_valid
+    from hs_tracer.inputs.env import require_valid_for
     from hs_tracer.inputs.model_config import check_draft, check_target
     from hs_tracer.inputs.profile import load_profile
     from hs_tracer_testbed import demo
 
     # The settings the engines will run with, checked here: the plugin would say what is wrong only in
-    # SGLang's log, after a minute, with tracing off.
-    require_valid({**os.environ, **demo.DEMO_ENV,
-                   **({"HS_TRACER_PROFILE": str(args.profile)} if args.profile is not None else {})})
+    # SGLang's log, after a minute, with tracing off. The caller's own are checked too, and named
+    # where the demo replaces them.
+    overrides = {**demo.DEMO_ENV, **({"HS_TRACER_PROFILE": str(args.profile)} if args.profile else {})}
+    replaced = {"HS_TRACER_REPORT_DIR": "a temporary folder per engine"}
+    if args.profile is None and args.target is None:
+        replaced["HS_TRACER_PROFILE"] = "the profile of its own pair's training data"
+    _cfg, notes = require_valid_for("hs-tracer demo", overrides, replaced)
+    for note in notes:
+        print(note, file=sys.stderr)
 
     if args.target is not None:
         check_target(args.target)

@@ -110,3 +110,23 @@ def require_valid(environ: Mapping[str, str] = os.environ) -> config.TracerConfi
     if errors:
         raise InputError(" | ".join(errors))
     return cfg
+
+
+def require_valid_for(command: str, overrides: Mapping[str, str], replaced: Mapping[str, str] | None = None,
+                      environ: Mapping[str, str] = os.environ) -> tuple[config.TracerConfig, list[str]]:
+    """For a command that runs engines with settings of its own (``overrides``, checked with the
+    rest as the engines will get them; ``replaced``: variables it sets per engine, with what it puts
+    there in words). Every ``HS_TRACER_*`` variable of the caller's environment is checked first,
+    also one the command replaces: a mistyped or invalid setting stops the command (one line) instead
+    of passing unseen. Returns the engines' settings and one note per caller's variable the command
+    replaces."""
+    if any(name.startswith("HS_TRACER") for name in environ):
+        _cfg, errors = _errors(environ)
+        if errors:
+            raise InputError(" | ".join(errors))
+    cfg = require_valid({**environ, **overrides})
+    notes = [f"{command} runs its engines with {name}={value}; your {name}={environ[name]} is not used"
+             for name, value in overrides.items() if name in environ and environ[name] != value]
+    notes += [f"{command} runs its engines with {name} set to {what}; your {name}={environ[name]} is not "
+              "used" for name, what in (replaced or {}).items() if name in environ]
+    return cfg, notes

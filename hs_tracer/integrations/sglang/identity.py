@@ -109,8 +109,9 @@ def layer_style(forward: Callable[..., Any]) -> str | None:
 
 
 PREFILL_GRAPH_RUNNERS = ("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner")
-"""The model runner's attributes that hold a prefill graph runner (0.5.23's breakable CUDA graphs;
-the torch.compile piecewise graphs of earlier releases): set aside for a sampled forward."""
+"""The model runner's attributes that hold a prefill graph runner (the newest release's breakable
+CUDA graphs; the torch.compile piecewise graphs of earlier releases): set aside for a sampled
+forward."""
 
 
 def _graph_capture_check() -> Callable[[], bool]:

@@ -129,3 +129,22 @@ def test_check_with_a_profile_names_each_slot(capsys, tmp_path: Path) -> None:
     assert slots == [(0, "block:0", "embedding"), (1, "block:3", "block:2"), (2, "block:6", "block:5")]
     assert all('"eagle_aux_hidden_state_layer_ids": [1, 4, 7]' in f.fix for f in result.report.findings
                if f.code.value == "slot_source_mismatch")
+
+
+def test_check_on_vllm_names_vllms_rule_for_the_slots_it_reads_from_the_config(tmp_path: Path) -> None:
+    """Each slot of `check --engine vllm` is what vLLM's layer-id rule reads from the config: the human
+    output says so, in the slot's JSON too (``rule``), and never names SGLang's rule."""
+    from hs_tracer.preflight.vllm_check import human, run_vllm_check
+
+    target = _write(tmp_path / "t", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8,
+                                     "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 336})
+    draft = _write(tmp_path / "d", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128,
+                                    "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 336,
+                                    "draft_vocab_size": 256, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]})
+    result = run_vllm_check(draft, target, trained_sources=["block:0", "block:3", "block:6"])
+    text = human(result)
+    slot_lines = [line for line in text.splitlines() if line.lstrip().startswith("slot ")]
+    assert len(slot_lines) == 3
+    assert all("(vLLM's layer-id rule read from the config; nothing measured)" in line for line in slot_lines)
+    assert "SGLang's layer-id rule" not in text
+    assert [s["rule"] for s in result.report.to_json()["slots"]] == ["vLLM"] * 3

@@ -65,7 +65,7 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
     report = Report(findings=sorted(findings, key=lambda f: rank[f.severity]))
     fed = list(capture.sources) if capture else []
     if trained_sources is not None and capture is not None:
-        report.slots = [SlotVerdict(i, want, got, 1.0 if want == got else 0.0)
+        report.slots = [SlotVerdict(i, want, got, 1.0 if want == got else 0.0, rule="vLLM")
                         for i, (want, got) in enumerate(zip(trained_sources, fed, strict=False))]
     summary: dict[str, Any] = {
         "draft": {"path": str(draft.path.parent), "architecture": draft.arch,

@@ -11,8 +11,6 @@ cache and spend their time on the profile build and one vLLM engine (docs/testin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from safetensors.torch import load_file
 
 from hs_tracer_testbed.smollm import ensure_target
 from hs_tracer_testbed.trainers import speculators
+from tests.on_vllm.engines import cli, diagnosis, serve_traced
 
 TRAINED = ["block:1", "block:14", "block:26"]
 
@@ -39,15 +38,10 @@ def checkpoint() -> Path:
 def profile(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The profile of speculators' data (no draft given: the ids are its default) and the build's output."""
     out = tmp_path_factory.mktemp("speculators") / "profile.safetensors"
-    done = _cli("profile", "build", str(data / "data"), "--target", str(ensure_target()), "-o", str(out),
+    done = cli("profile", "build", str(data / "data"), "--target", str(ensure_target()), "-o", str(out),
                 "--no-progress", "--producer-version", "speculators 0.9.0")
     assert done.returncode == 0, done.stdout + done.stderr
     return out, done.stdout
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hs_tracer.cli", *args], capture_output=True, text=True,
-                          timeout=600)
 
 
 def test_the_pinned_release_needs_every_glue_it_gets() -> None:
@@ -89,7 +83,7 @@ def test_profile_build_and_diagnose_on_its_data(data: Path, profile: tuple[Path,
     assert meta["convention"] == "speculators" and meta["layer_ids"] == [2, 15, 27]
     assert meta["sources"] == TRAINED
     assert "extra candidates from the data: block:29" in stdout
-    done = _cli("diagnose", str(data / "data"), "--profile", str(out), "--target", str(ensure_target()),
+    done = cli("diagnose", str(data / "data"), "--profile", str(out), "--target", str(ensure_target()),
                 "--json", "--no-progress")
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["status"] == "ok"
@@ -133,7 +127,7 @@ def test_expected_acceptance_is_not_measured_for_it_and_says_why(data: Path, che
 def test_check_its_checkpoint_on_vllm(checkpoint: Path, profile: tuple[Path, str]) -> None:
     """vLLM reads the top-level ids, feeds block:1, block:14, block:26, the trained layers: ok, and no
     advice to move the ids anywhere (the format is the one vLLM reads)."""
-    done = _cli("check", "--draft", str(checkpoint), "--target", str(ensure_target()), "--profile",
+    done = cli("check", "--draft", str(checkpoint), "--target", str(ensure_target()), "--profile",
                 str(profile[0]), "--engine", "vllm==0.32.0", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
@@ -152,7 +146,7 @@ def test_check_its_checkpoint_on_sglang(checkpoint: Path, profile: tuple[Path, s
     converted draft that left them there would be fed SGLang's default, which on this target is the
     trained block:1, block:14, block:26: a warning, whose fix moves them into ``eagle_config`` in
     SGLang's spelling [1, 14, 26]."""
-    done = _cli("check", "--draft", str(checkpoint), "--target", str(ensure_target()), "--profile",
+    done = cli("check", "--draft", str(checkpoint), "--target", str(ensure_target()), "--profile",
                 str(profile[0]), "--engine", "sglang==0.5.23", "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     report = json.loads(done.stdout)
@@ -175,14 +169,9 @@ def test_vllm_serves_it_as_trained(data: Path, checkpoint: Path, profile: tuple[
     speculators' data: its wiring record is the trained layers and nothing about the wiring is
     critical. The one critical finding is the acceptance a 3-step draft earns (it proposes nothing the
     target accepts), which the diagnosis puts downstream of the features."""
-    from hs_tracer_testbed.vllm_runs import run
-    from tests.on_vllm.engines import TRACED_ENV, diagnosis
-
     files = data / "data" / "hidden_states"
     prompts = [load_file(files / f"hs_{i}.safetensors")["token_ids"][:24].tolist() for i in range(8)]
-    served = run({"target": str(ensure_target()), "draft": str(checkpoint),
-                  "workloads": [{"name": "main", "prompts": prompts, "max_new_tokens": 24}],
-                  "env": {**TRACED_ENV, "HS_TRACER_PROFILE": str(profile[0])}})
+    served = serve_traced(ensure_target(), checkpoint, profile[0], prompts)
     wiring = served["reports"][0]["wiring"]
     assert wiring["layer_ids_key"] == "eagle_aux_hidden_state_layer_ids"
     assert wiring["layers_to_capture"] == [2, 15, 27] and wiring["sources"] == TRAINED

@@ -148,3 +148,26 @@ def test_check_on_vllm_names_vllms_rule_for_the_slots_it_reads_from_the_config(t
     assert all("(vLLM's layer-id rule read from the config; nothing measured)" in line for line in slot_lines)
     assert "SGLang's layer-id rule" not in text
     assert [s["rule"] for s in result.report.to_json()["slots"]] == ["vLLM"] * 3
+
+
+SPECULATORS_FLAGS = {"norm_before_fc": True, "fc_norm": False, "norm_output": True,
+                     "norm_before_residual": True}
+
+
+def test_norm_flags_are_read_as_vllm_reads_them() -> None:
+    """vLLM has the ``norm_before_residual`` branch SGLang lacks (true by default in its reader of
+    speculators' format) and reads a nested ``norm_before_fc`` first: a speculators checkpoint served
+    as trained on vLLM is no finding there, and the one finding on SGLang names SGLang."""
+    from hs_tracer.static_checks.norm_flags import check_norm_flags, served_flags
+
+    ckpt = {"speculators_model_type": "eagle3", "norm_before_fc": True, "norm_output": True}
+    assert served_flags(ckpt, "vllm") == SPECULATORS_FLAGS
+    assert served_flags({**ckpt, "norm_before_residual": False}, "vllm")["norm_before_residual"] is False
+    assert served_flags({"norm_before_fc": True, "eagle_config": {"norm_before_fc": False}},
+                        "vllm")["norm_before_fc"] is False
+    assert check_norm_flags(ckpt, SPECULATORS_FLAGS, "vllm", "0.32.0") == []
+    (f,) = check_norm_flags(ckpt, SPECULATORS_FLAGS)
+    assert f.details["flag"] == "norm_before_residual" and f.message.startswith("SGLang ")
+    (f,) = check_norm_flags({"norm_output": True}, {"norm_output": False}, "vllm", "0.32.0")
+    assert f.message.startswith("vLLM 0.32.0 serves the draft with norm_output=true")
+    assert "where vLLM reads it" in f.fix and "SGLang" not in f.message + f.fix

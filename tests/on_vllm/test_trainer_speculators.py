@@ -200,9 +200,10 @@ def test_check_its_checkpoint_on_sglang(checkpoint: Path, profile: tuple[Path, s
 
 def test_vllm_serves_it_as_trained(data: Path, checkpoint: Path, profile: tuple[Path, str]) -> None:
     """vLLM serves the real target with the checkpoint as its EAGLE-3 draft, traced with the profile of
-    speculators' data: its wiring record is the trained layers and nothing about the wiring is
-    critical. The one critical finding is the acceptance a 3-step draft earns (it proposes nothing the
-    target accepts), which the diagnosis puts downstream of the features."""
+    speculators' data and its checkpoint's expected acceptance: its wiring record is the trained
+    layers, vLLM applies the norm flags the expectation was measured with (no ``norm_flags``), and
+    the acceptance a 3-step draft earns (it proposes nothing the target accepts) is what it earns on
+    its training data (mean accept length 1.00), so no finding is critical."""
     files = data / "data" / "hidden_states"
     prompts = [load_file(files / f"hs_{i}.safetensors")["token_ids"][:24].tolist() for i in range(8)]
     served = serve_traced(ensure_target(), checkpoint, profile[0], prompts)
@@ -211,7 +212,6 @@ def test_vllm_serves_it_as_trained(data: Path, checkpoint: Path, profile: tuple[
     assert wiring["layers_to_capture"] == [2, 15, 27] and wiring["sources"] == TRAINED
     d = diagnosis(served)
     assert [s["expected_source"] for s in d["slots"]] == TRAINED
-    critical = [f for f in d["findings"] if f["severity"] == "critical"]
-    assert [f["code"] for f in critical] in ([], ["acceptance_drop"]), critical
-    assert all("fed the features it was trained on" in f["message"] for f in critical), critical
+    assert not [f for f in d["findings"] if f["severity"] == "critical" or f["code"] == "norm_flags"], \
+        d["findings"]
     assert served["workloads"]["main"]["spec"]["num_drafts"] > 0

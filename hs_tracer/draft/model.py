@@ -217,7 +217,8 @@ class Eagle3Draft(nn.Module):
 
     def key_map(self) -> dict[str, str]:
         """``KEY_MAP`` plus the optional modules this config creates."""
-        return {**self.KEY_MAP, **({"input_norm.weight": "input_norm.weight"} if self.input_norm else {})}
+        extra = {"input_norm.weight": "input_norm.weight"} if self.input_norm is not None else {}
+        return {**self.KEY_MAP, **extra}
 
     def checkpoint_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Weights under SGLang's checkpoint names (no embedding: SGLang shares the target's)."""

@@ -46,9 +46,9 @@ def profile(run: specforge.SpecForgeRun, tmp_path_factory: pytest.TempPathFactor
 def test_vllm_serves_its_export_as_trained(run: specforge.SpecForgeRun, profile: Path) -> None:
     """The export names no layer ids: vLLM's default for a Llama target, inputs of layers 2, 15, 27,
     is what SpecForge captured (outputs of blocks 1, 14, 26); the engine measures each slot on the
-    same tokens and the report agrees. `hs-tracer check --engine vllm` predicts the same wiring.
-    The only critical finding allowed is the acceptance a 3-step draft earns, downstream of the
-    features."""
+    same tokens and the report agrees. `hs-tracer check --engine vllm` predicts the same wiring. The
+    profile carries the export's expected acceptance (mean accept length 1.07 on its training data):
+    served, the 3-step draft reaches about that, so no finding is critical."""
     prompts = [torch.load(run.data / "rows_0-2000" / f"data_{i}.ckpt", weights_only=True)["input_ids"][:24]
                .tolist() for i in range(run.load_manifest()["recipe"]["samples"])]
     served = serve_traced(ensure_target(), run.draft, profile, prompts)
@@ -58,9 +58,7 @@ def test_vllm_serves_its_export_as_trained(run: specforge.SpecForgeRun, profile:
     assert [s["expected_source"] for s in d["slots"]] == TRAINED
     assert [s["observed_source"] for s in d["slots"]] == TRAINED, d["slots"]
     assert all("measured_error" in s for s in d["slots"]), d["slots"]
-    critical = [f for f in d["findings"] if f["severity"] == "critical"]
-    assert [f["code"] for f in critical] in ([], ["acceptance_drop"]), critical
-    assert all("fed the features it was trained on" in f["message"] for f in critical), critical
+    assert not [f for f in d["findings"] if f["severity"] == "critical"], d["findings"]
     assert served["workloads"]["main"]["spec"]["num_drafts"] > 0
 
     done = cli("check", "--draft", str(run.draft), "--target", str(ensure_target()), "--profile",

@@ -107,6 +107,7 @@ class SlotVerdict:
     measured_error: float | None = None
     measured_rows: int | None = None
     measured_runner_up_error: float | None = None
+    rule: str | None = None  # the engine whose layer-id rule names a fed slot's source (None: SGLang)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k == "score"}
@@ -123,7 +124,7 @@ class SlotVerdict:
                 f" differs by {_pct(self.measured_runner_up_error)}")
             return f"(measured on {self.measured_rows} tokens: {what}{other})"
         if self.distance is None:
-            return "(SGLang's layer-id rule read from the config; nothing measured)"
+            return f"({self.rule or 'SGLang'}'s layer-id rule read from the config; nothing measured)"
         if self.observed_source == self.expected_source:
             near = "matches training"
         elif self.candidates:  # sources.UNKNOWN with candidates: the window cannot tell them apart

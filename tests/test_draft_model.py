@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hs_tracer.draft.model import DraftConfig, Eagle3Draft, KVCache, load_target_embedding
+from hs_tracer.errors import InputError
 from hs_tracer_testbed.build import TestbedPaths, ensure_testbed
 
 CHILD = r"""
@@ -158,3 +159,35 @@ def test_d2t_diffs_map_to_t2d(testbed: TestbedPaths) -> None:
     assert bool((draft.d2t >= 0).all()) and bool((ids[1:] > ids[:-1]).all())
     cfg = DraftConfig.from_dict(json.loads((testbed.draft / "config.json").read_text()))
     assert cfg.draft_vocab_size < cfg.vocab_size  # a reduced vocabulary, so d2t matters
+
+
+def test_speculators_layout_is_read_as_vllm_reads_it() -> None:
+    """speculators' config: the model dimensions under ``transformer_layer_config``, the flags and ids
+    at the top level (``target_hidden_size`` null there: the nested value, else H); ``input_norm``
+    created for ``norm_before_fc`` and loaded from the checkpoint's key. Its own model's logits are
+    the reference in tests/on_vllm/test_trainer_speculators.py."""
+    layer = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 96, "rms_norm_eps": 1e-5,
+             "rope_parameters": {"rope_theta": 50000.0, "rope_type": "default"}}
+    cfg = DraftConfig.from_dict({"architectures": ["Eagle3DraftModel"], "transformer_layer_config": layer,
+                                 "draft_vocab_size": 96, "target_hidden_size": None, "norm_before_fc": True,
+                                 "norm_before_residual": True, "norm_output": True, "fc_norm": False,
+                                 "eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads, cfg.head_dim) == (64, 128, 2, 16)
+    assert (cfg.vocab_size, cfg.rms_norm_eps, cfg.rope_theta, cfg.fc_in) == (96, 1e-5, 50000.0, 192)
+    assert cfg.norm_before_fc and cfg.norm_before_residual and cfg.norm_output
+    draft = Eagle3Draft(cfg, torch.randn(96, 64))
+    weights = {k.replace("midlayer.", "layers.0."): torch.randn_like(v) if v.is_floating_point() else v
+               for k, v in draft.checkpoint_state_dict().items()}
+    assert "input_norm.weight" in weights
+    draft.load_checkpoint(weights)
+    assert torch.equal(draft.input_norm.weight, weights["input_norm.weight"])
+    del weights["input_norm.weight"]
+    with pytest.raises(ValueError, match=r"input_norm\.weight"):
+        draft.load_checkpoint(weights)
+
+
+def test_per_slot_fc_norm_is_still_refused() -> None:
+    with pytest.raises(InputError, match="fc_norm"):
+        DraftConfig.from_dict({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                               "vocab_size": 96, "fc_norm": True})

@@ -129,3 +129,45 @@ def test_check_with_a_profile_names_each_slot(capsys, tmp_path: Path) -> None:
     assert slots == [(0, "block:0", "embedding"), (1, "block:3", "block:2"), (2, "block:6", "block:5")]
     assert all('"eagle_aux_hidden_state_layer_ids": [1, 4, 7]' in f.fix for f in result.report.findings
                if f.code.value == "slot_source_mismatch")
+
+
+def test_check_on_vllm_names_vllms_rule_for_the_slots_it_reads_from_the_config(tmp_path: Path) -> None:
+    """Each slot of `check --engine vllm` is what vLLM's layer-id rule reads from the config: the human
+    output says so, in the slot's JSON too (``rule``), and never names SGLang's rule."""
+    from hs_tracer.preflight.vllm_check import human, run_vllm_check
+
+    target = _write(tmp_path / "t", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8,
+                                     "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 336})
+    draft = _write(tmp_path / "d", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128,
+                                    "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 336,
+                                    "draft_vocab_size": 256, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]})
+    result = run_vllm_check(draft, target, trained_sources=["block:0", "block:3", "block:6"])
+    text = human(result)
+    slot_lines = [line for line in text.splitlines() if line.lstrip().startswith("slot ")]
+    assert len(slot_lines) == 3
+    assert all("(vLLM's layer-id rule read from the config; nothing measured)" in line for line in slot_lines)
+    assert "SGLang's layer-id rule" not in text
+    assert [s["rule"] for s in result.report.to_json()["slots"]] == ["vLLM"] * 3
+
+
+SPECULATORS_FLAGS = {"norm_before_fc": True, "fc_norm": False, "norm_output": True,
+                     "norm_before_residual": True}
+
+
+def test_norm_flags_are_read_as_vllm_reads_them() -> None:
+    """vLLM has the ``norm_before_residual`` branch SGLang lacks (true by default in its reader of
+    speculators' format) and reads a nested ``norm_before_fc`` first: a speculators checkpoint served
+    as trained on vLLM is no finding there, and the one finding on SGLang names SGLang."""
+    from hs_tracer.static_checks.norm_flags import check_norm_flags, served_flags
+
+    ckpt = {"speculators_model_type": "eagle3", "norm_before_fc": True, "norm_output": True}
+    assert served_flags(ckpt, "vllm") == SPECULATORS_FLAGS
+    assert served_flags({**ckpt, "norm_before_residual": False}, "vllm")["norm_before_residual"] is False
+    assert served_flags({"norm_before_fc": True, "eagle_config": {"norm_before_fc": False}},
+                        "vllm")["norm_before_fc"] is False
+    assert check_norm_flags(ckpt, SPECULATORS_FLAGS, "vllm", "0.32.0") == []
+    (f,) = check_norm_flags(ckpt, SPECULATORS_FLAGS)
+    assert f.details["flag"] == "norm_before_residual" and f.message.startswith("SGLang ")
+    (f,) = check_norm_flags({"norm_output": True}, {"norm_output": False}, "vllm", "0.32.0")
+    assert f.message.startswith("vLLM 0.32.0 serves the draft with norm_output=true")
+    assert "where vLLM reads it" in f.fix and "SGLang" not in f.message + f.fix

@@ -228,11 +228,14 @@ def live_report(
     thresholds: AcceptanceThresholds | None = None,
     engine_layers_checked: bool = False,
     measured: Sequence[MeasuredSlot] | None = None,
+    engine: str = "sglang",
+    engine_version: str = "",
 ) -> Report:
     """The report of a running engine or a capture. ``judged``: the latest window's diagnosis (None
     before the first window or without a profile); ``measured``: same-token identity per slot, when
     taken; ``engine_layers_checked``: the engine's record was compared with the profile's sources
-    (a static finding names every slot it says is fed another source)."""
+    (a static finding names every slot it says is fed another source); ``engine`` and
+    ``engine_version``: the serving engine, whose reading of the draft's norm flags applies."""
     trained = ({s.index: s.expected_source for s in judged.slots} if judged is not None and judged.slots
                else dict(enumerate(profile.sources)) if profile is not None and "sources" in profile.meta
                else {})
@@ -250,7 +253,7 @@ def live_report(
     expected = profile.expected_acceptance if profile is not None else None
     if expected is not None and draft_config:
         have = {f.details.get("flag") for f in findings if f.code is Code.NORM_FLAGS}
-        findings += [f for f in check_norm_flags(draft_config, expected.draft_flags)
+        findings += [f for f in check_norm_flags(draft_config, expected.draft_flags, engine, engine_version)
                      if f.details.get("flag") not in have]
     findings += acceptance_findings(acceptance, expected, features_match=match, th=thresholds)
     return Report(slots=slots, acceptance=acceptance, findings=findings)

@@ -14,6 +14,12 @@ SGLang. It follows ``sglang/srt/models/llama_eagle3.py`` step by step:
   the pre-norm sum is the recurrent hidden handed to the next draft step (``norm_output`` false);
 * draft token ids map to target ids through ``d2t`` diffs: ``target = draft + d2t[draft]``.
 
+Two flags SGLang's class lacks follow vLLM's ``llama_eagle3.py`` (which serves speculators'
+checkpoints): ``norm_before_fc``, an RMSNorm (``input_norm``) over the K*H_t target features before
+``fc``, and ``norm_before_residual``, where the residual of layer 0 is ``hidden_norm(h)`` rather than
+``h``. speculators' layout (model dimensions under ``transformer_layer_config``, the rest at the top
+level, weights named ``layers.0.*``) is read as vLLM reads it.
+
 The token embedding is the target's (SGLang overwrites the draft's with the target's), so it is
 passed in (``embed_weight``) or read from the target checkpoint (:func:`load_target_embedding`).
 """
@@ -52,35 +58,50 @@ class DraftConfig:
     aux_layer_ids: list[int] | None = None
     num_aux_hidden_states: int = 3
     norm_output: bool = False
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> DraftConfig:
-        """Parse a config.json dict the way SGLang's LlamaForCausalLMEagle3 resolves it."""
+        """Parse a config.json dict the way SGLang's LlamaForCausalLMEagle3 resolves it (vLLM's
+        reading for speculators' layout and the two flags SGLang lacks)."""
         eagle = cfg.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         num_aux = cfg.get("num_aux_hidden_states") or (len(ids) if ids else 3)
-        rope = cfg.get("rope_parameters") or {}
-        for flag in ("norm_before_fc", "fc_norm", "use_aux_norm"):
+        for flag in ("fc_norm", "use_aux_norm"):
             if eagle.get(flag) or cfg.get(flag):
                 raise InputError(
                     f"draft config sets {flag}; hs_tracer's draft forward supports it not yet"
                 )
-        heads = cfg["num_attention_heads"]
+        layer = cfg.get("transformer_layer_config")
+        dims = cfg
+        if isinstance(layer, dict):  # speculators: the dims nested, the top level over them
+            top = {k: v for k, v in cfg.items() if k != "transformer_layer_config" and v is not None}
+            dims = {**layer, **top}
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+                   if k not in dims]
+        if missing:
+            raise InputError(f"draft config lacks {', '.join(missing)} (at the top level or in "
+                             "transformer_layer_config)")
+        rope = dims.get("rope_parameters") or {}
+        heads = dims["num_attention_heads"]
         return cls(
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
+            hidden_size=dims["hidden_size"],
+            intermediate_size=dims["intermediate_size"],
             num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            vocab_size=cfg["vocab_size"],
-            draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            target_hidden_size=cfg.get("target_hidden_size"),
+            num_key_value_heads=dims.get("num_key_value_heads") or heads,
+            head_dim=dims.get("head_dim") or dims["hidden_size"] // heads,
+            vocab_size=dims["vocab_size"],
+            draft_vocab_size=dims.get("draft_vocab_size") or dims["vocab_size"],
+            rms_norm_eps=dims.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", dims.get("rope_theta", 10000.0))),
+            target_hidden_size=dims.get("target_hidden_size"),
             aux_layer_ids=list(ids) if ids else None,
             num_aux_hidden_states=int(num_aux),
             norm_output=bool(cfg.get("norm_output", False)),
+            norm_before_fc=bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+            norm_before_residual=bool(cfg.get("norm_before_residual", False)),
             raw=cfg,
         )
 
@@ -153,6 +174,7 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, h)
         if embed_weight is not None:
             self.set_embedding(embed_weight)
+        self.input_norm = RMSNorm(c.fc_in, c.rms_norm_eps) if c.norm_before_fc else None
         self.fc = nn.Linear(c.fc_in, h, bias=False)
         self.input_layernorm = RMSNorm(h, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
@@ -193,11 +215,16 @@ class Eagle3Draft(nn.Module):
         "t2d": "t2d",
     }
 
+    def key_map(self) -> dict[str, str]:
+        """``KEY_MAP`` plus the optional modules this config creates."""
+        extra = {"input_norm.weight": "input_norm.weight"} if self.input_norm is not None else {}
+        return {**self.KEY_MAP, **extra}
+
     def checkpoint_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Weights under SGLang's checkpoint names (no embedding: SGLang shares the target's)."""
         own = self.state_dict()
         out = {}
-        for attr, key in self.KEY_MAP.items():
+        for attr, key in self.key_map().items():
             t = own[attr].detach().clone().contiguous()
             if dtype is not None and t.is_floating_point():
                 t = t.to(dtype)
@@ -264,7 +291,7 @@ class Eagle3Draft(nn.Module):
         own = self.state_dict()
         new: dict[str, torch.Tensor] = {}
         missing = []
-        for attr, key in self.KEY_MAP.items():
+        for attr, key in self.key_map().items():
             if key in norm:
                 t = norm[key]
                 if tuple(t.shape) != tuple(own[attr].shape):
@@ -293,14 +320,15 @@ class Eagle3Draft(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        """SGLang's width test: fc only when features are not already H wide."""
+        """SGLang's width test: fc only when features are not already H wide (after ``input_norm``
+        when ``norm_before_fc``)."""
         if features.shape[-1] != self.config.hidden_size:
             if features.shape[-1] != self.config.fc_in:
                 raise ValueError(
                     f"draft input width {features.shape[-1]} is neither H={self.config.hidden_size} nor "
                     f"K*H={self.config.fc_in}"
                 )
-            return self.fc(features)
+            return self.fc(features if self.input_norm is None else self.input_norm(features))
         return features
 
     def qkv(
@@ -308,8 +336,9 @@ class Eagle3Draft(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer input -> (q, k, v with rope, residual). ``hidden`` is already H wide ([..., T, H])."""
         c = self.config
-        residual = hidden
-        x = torch.cat([self.input_layernorm(self.embed_tokens(input_ids)), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        residual = normed if c.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(self.embed_tokens(input_ids)), normed], dim=-1)
         shape = x.shape[:-1]
         q = self.q_proj(x).view(*shape, c.num_attention_heads, c.head_dim)
         k = self.k_proj(x).view(*shape, c.num_key_value_heads, c.head_dim)

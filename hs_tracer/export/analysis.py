@@ -386,7 +386,8 @@ class Analysis:
         # the static checks compared the engine's own layers_to_capture with the profile at startup
         report = live_report(s.static_findings, self.judged, self.acceptance.summary(), self.profile,
                              s.draft_config, engine_layers_checked=self.profile is not None,
-                             measured=self.measured)
+                             measured=self.measured, engine=s.wiring.engine,
+                             engine_version=s.wiring.engine_version)
         static = {(f.code, f.slot) for f in s.static_findings}
         for f in report.findings:
             key = (f.code, f.slot, None if f.code is Code.ACCEPTANCE_DROP else f.observed)

@@ -52,6 +52,13 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
         trained_sources = provenance.sources
     n, h = tgt.num_hidden_layers, tgt.hidden_size
     version = vllm_version or src.NEWEST_VLLM
+    if profile is not None:  # the norm flags the draft's expected acceptance was measured with
+        from hs_tracer.profile.expectation import of_profile
+        from hs_tracer.static_checks.norm_flags import check_norm_flags
+
+        expected = of_profile(provenance.meta)
+        if expected is not None:
+            findings += check_norm_flags(draft.raw, expected.draft_flags, "vllm", version)
     k = src.vllm_draft_aux_states(draft.raw)
     capture = src.vllm_sources(draft.raw, n, vllm_version=version) if k is not None else None
     fc_in = _fc_in(Path(draft_dir)) if Path(draft_dir).is_dir() else None
@@ -65,7 +72,7 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
     report = Report(findings=sorted(findings, key=lambda f: rank[f.severity]))
     fed = list(capture.sources) if capture else []
     if trained_sources is not None and capture is not None:
-        report.slots = [SlotVerdict(i, want, got, 1.0 if want == got else 0.0)
+        report.slots = [SlotVerdict(i, want, got, 1.0 if want == got else 0.0, rule="vLLM")
                         for i, (want, got) in enumerate(zip(trained_sources, fed, strict=False))]
     summary: dict[str, Any] = {
         "draft": {"path": str(draft.path.parent), "architecture": draft.arch,

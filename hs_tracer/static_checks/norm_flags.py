@@ -7,7 +7,10 @@ without changing any shape. A flag the engine honours differently from the train
 features right and only acceptance drops. SGLang (``models/llama_eagle3.py`` of its newest
 supported release) reads ``norm_before_fc`` nested in ``eagle_config`` or at the top level,
 ``fc_norm`` / ``use_aux_norm`` and ``norm_output`` only at the top level, and has no
-``norm_before_residual`` branch.
+``norm_before_residual`` branch. vLLM (``models/llama_eagle3.py`` of its newest supported release)
+reads ``norm_before_fc`` nested in ``eagle_config`` first, then at the top level, ``fc_norm``,
+``norm_output`` and ``norm_before_residual`` at the top level; its reader of speculators' format
+writes all four there, ``norm_before_residual`` true unless the config says otherwise.
 
 The trained flags come from the profile's expected acceptance (the flags the draft config had when
 ``profile build`` measured it); without that, :mod:`hs_tracer.preflight.format_checks` still flags a
@@ -24,9 +27,16 @@ from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 
-def served_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:
-    """Each flag as SGLang applies it (its newest supported release)."""
+def served_flags(cfg: Mapping[str, Any], engine: str = "sglang") -> dict[str, bool]:
+    """Each flag as the engine (``sglang`` or ``vllm``, its newest supported release) applies it."""
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    if engine == "vllm":
+        return {
+            "norm_before_fc": bool(nested.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+            "fc_norm": bool(cfg.get("fc_norm")),
+            "norm_output": bool(cfg.get("norm_output")),
+            "norm_before_residual": bool(cfg.get("norm_before_residual", "speculators_model_type" in cfg)),
+        }
     return {
         "norm_before_fc": bool(nested.get("norm_before_fc") or cfg.get("norm_before_fc")),
         "fc_norm": bool(cfg.get("fc_norm") or cfg.get("use_aux_norm")),
@@ -35,11 +45,19 @@ def served_flags(cfg: Mapping[str, Any]) -> dict[str, bool]:
     }
 
 
-def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool] | None) -> list[Finding]:
-    """``norm_flags`` (critical) for every flag the engine applies differently from ``trained``."""
+def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool] | None,
+                     engine: str = "sglang", engine_version: str = "") -> list[Finding]:
+    """``norm_flags`` (critical) for every flag the engine (``sglang`` or ``vllm``) applies differently
+    from ``trained``."""
     if not trained or not draft_config:
         return []
-    served = served_flags(draft_config)
+    served = served_flags(draft_config, engine)
+    if engine == "vllm":
+        from hs_tracer.sources import NEWEST_VLLM
+
+        name, serving = "vLLM", f"vLLM {engine_version or NEWEST_VLLM}"
+    else:
+        name, serving = "SGLang", f"SGLang {NEWEST_RELEASE}"
     findings = []
     for flag in FLAGS:
         if flag not in trained or bool(trained[flag]) == served[flag]:
@@ -47,11 +65,11 @@ def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool
         where = "eagle_config or the top level" if flag == "norm_before_fc" else "the top level"
         findings.append(Finding(
             Code.NORM_FLAGS, Severity.CRITICAL,
-            f"SGLang {NEWEST_RELEASE} serves the draft with {flag}={str(served[flag]).lower()}; its expected "
+            f"{serving} serves the draft with {flag}={str(served[flag]).lower()}; its expected "
             "acceptance "
             f"was measured with {flag}={str(bool(trained[flag])).lower()}: the features stay right, the "
             "draft's math changes and acceptance drops",
-            f"set {flag} to {str(bool(trained[flag])).lower()} where SGLang reads it "
+            f"set {flag} to {str(bool(trained[flag])).lower()} where {name} reads it "
             f"({where})"
             ", or rebuild the profile if the draft was retrained with it",
             expected=str(bool(trained[flag])).lower(), observed=str(served[flag]).lower(),

@@ -14,6 +14,8 @@ machine).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,23 @@ class Engines:
         if name not in self._runs:
             self._runs[name] = run(self.spec(name))
         return self._runs[name]
+
+
+def serve_traced(target: Path, draft: Path, profile: Path, prompts: list[list[int]],
+                 max_new_tokens: int = 24) -> dict[str, Any]:
+    """One vLLM engine serving ``prompts`` with ``draft`` as the target's EAGLE-3 draft, traced with
+    ``profile`` (a trained draft from outside the pair: the trainers' tests)."""
+    from hs_tracer_testbed.vllm_runs import run
+
+    return run({"target": str(target), "draft": str(draft),
+                "workloads": [{"name": "main", "prompts": prompts, "max_new_tokens": max_new_tokens}],
+                "env": {**TRACED_ENV, "HS_TRACER_PROFILE": str(profile)}})
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``hs-tracer ARGS`` in this venv."""
+    return subprocess.run([sys.executable, "-m", "hs_tracer.cli", *args], capture_output=True, text=True,
+                          timeout=600)
 
 
 def diagnosis(run: dict[str, Any]) -> dict[str, Any]:

@@ -27,9 +27,11 @@ the trainer moves the draft and each batch to ``local_rank`` (device 0: CUDA), a
 ``"cuda"`` fallback when no accelerator is present, and its step timer synchronizes the accelerator
 (none: the call raises).
 
-Not yet here: expected acceptance measured on this data (hs_tracer's plain-torch draft forward has
-no ``norm_before_fc``, which speculators sets, so ``profile build --draft`` leaves it out and says
-so), and a checkpoint trained long enough for the target to accept its tokens.
+``reference_logits()`` runs speculators' own draft model on a checkpoint it saved (``python -m
+hs_tracer_testbed.trainers.speculators forward WORKDIR``): the reference for hs_tracer's plain-torch
+draft forward on speculators' layout (``norm_before_fc``, ``norm_before_residual``, ``norm_output``).
+
+Not yet here: a checkpoint trained long enough for the target to accept its tokens.
 """
 
 from __future__ import annotations
@@ -243,6 +245,44 @@ def _train(work: Path) -> None:
     (work / "train.json").write_text(json.dumps({"train_s": round(time.perf_counter() - t0, 1)}) + "\n")
 
 
+def _forward(work: Path) -> None:
+    """speculators' own ``Eagle3DraftModel`` (its ``from_pretrained``, attention ``sdpa`` as trained)
+    on ``job.pt``: the logits of its first step on ``features`` [T, K*H] and ``input_ids`` [T], one
+    document, fp32, saved as ``logits.pt`` [T, draft vocab]."""
+    import torch
+
+    torch.set_num_threads(1)
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    job = torch.load(work / "job.pt", weights_only=True)
+    path = (work / "checkpoint.txt").read_text()
+    config = Eagle3SpeculatorConfig.from_pretrained(path)
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    model = Eagle3DraftModel.from_pretrained(path, config=config).float().eval()
+    logits: list[torch.Tensor] = []
+    model.lm_head.register_forward_hook(lambda _m, _i, out: logits.append(out.detach()))
+    ids = job["input_ids"][None]
+    with torch.no_grad():
+        model(hidden_states=job["features"][None].float(), input_ids=ids, document_ids=torch.zeros_like(ids),
+              ttt_steps=1)
+    torch.save(logits[0][0], work / "logits.pt")
+
+
+def reference_logits(checkpoint: Path, features: Any, input_ids: Any, work: Path) -> Any:
+    """The first-step logits speculators' own model computes for a checkpoint it saved (see
+    :func:`_forward`), run in the tool's venv; ``work`` is created."""
+    import torch
+
+    work.mkdir(parents=True)
+    torch.save({"features": features, "input_ids": input_ids}, work / "job.pt")
+    (work / "checkpoint.txt").write_text(str(checkpoint))
+    done = subprocess.run([str(python()), "-m", __name__, "forward", str(work)], env=tool_env(),
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"speculators forward failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
+    return torch.load(work / "logits.pt", weights_only=True)
+
+
 def _glue_report() -> None:
     print(json.dumps({"glue": {g.name: g.status() for g in GLUE}}, indent=2))
 
@@ -366,5 +406,7 @@ if __name__ == "__main__":
         _capture(Path(sys.argv[2]))
     elif sys.argv[1] == "train":
         _train(Path(sys.argv[2]))
+    elif sys.argv[1] == "forward":
+        _forward(Path(sys.argv[2]))
     else:
         raise SystemExit(f"unknown stage {sys.argv[1]!r}")

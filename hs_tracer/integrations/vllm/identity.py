@@ -42,7 +42,13 @@ def layer_style(forward: Callable[..., Any]) -> str | None:
 
 class IdentitySampler(LayerIdentity):
     """Samples one vLLM target model body (module docstring); a wrapper on the body's ``forward``
-    opens the sample and hands the body's result over."""
+    opens the sample and hands the body's result over. ``tracing`` is the tracer state's enabled
+    flag: the body's wrapper runs outside the hooks' guard, so once another hook's failure switched
+    tracing off, the sampler itself stops sampling."""
+
+    def __init__(self, *args: Any, tracing: Callable[[], bool], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tracing = tracing
 
     def layer_style(self, forward: Callable[..., Any]) -> str | None:
         return layer_style(forward)
@@ -69,7 +75,7 @@ class IdentitySampler(LayerIdentity):
     def _begin(self, positions: Any) -> None:
         """Is this forward sampled? (a countdown check unless it is)"""
         self._close_stale()
-        if self.every <= 0 or self.failed is not None:
+        if self.every <= 0 or self.failed is not None or not self._tracing():
             return
         if self.countdown > 0:
             self.countdown -= 1
@@ -112,5 +118,5 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target["device"], st.target["dtype"], record=st.emitting,
-                              fail=lambda exc: st.fail("layer identity", exc))
+                              fail=lambda exc: st.fail("layer identity", exc), tracing=lambda: st.enabled)
     return installed(sampler)

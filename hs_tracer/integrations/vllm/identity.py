@@ -42,13 +42,7 @@ def layer_style(forward: Callable[..., Any]) -> str | None:
 
 class IdentitySampler(LayerIdentity):
     """Samples one vLLM target model body (module docstring); a wrapper on the body's ``forward``
-    opens the sample and hands the body's result over. ``tracing`` is the tracer state's enabled
-    flag: the body's wrapper runs outside the hooks' guard, so once another hook's failure switched
-    tracing off, the sampler itself stops sampling."""
-
-    def __init__(self, *args: Any, tracing: Callable[[], bool], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tracing = tracing
+    opens the sample and hands the body's result over."""
 
     def layer_style(self, forward: Callable[..., Any]) -> str | None:
         return layer_style(forward)
@@ -75,7 +69,7 @@ class IdentitySampler(LayerIdentity):
     def _begin(self, positions: Any) -> None:
         """Is this forward sampled? (a countdown check unless it is)"""
         self._close_stale()
-        if self.every <= 0 or self.failed is not None or not self._tracing():
+        if self._off():
             return
         if self.countdown > 0:
             self.countdown -= 1

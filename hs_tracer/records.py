@@ -1,4 +1,4 @@
-"""Records passed from the SGLang hooks to the background recorder and the exporters.
+"""Records passed from the engine hooks to the background recorder and the exporters.
 
 They are plain data (no tensors, no references to engine objects) so they can cross a queue, be
 exported, or be written to disk without keeping GPU memory alive.
@@ -6,6 +6,8 @@ exported, or be written to disk without keeping GPU memory alive.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,16 +50,42 @@ class WiringRecord:
     draft_graph_width: int | None = None
     use_aux_hidden_state: bool | None = None
     spec_args: dict[str, Any] = field(default_factory=dict)
-    sglang_version: str = ""
-    # The serving engine ("sglang" or "vllm") and its version; ``layers_to_capture`` is the engine's
+    # The serving engine ("sglang" or "vllm") and its release; ``layers_to_capture`` is the engine's
     # own capture list in the C_in convention (SGLang's layers_to_capture, vLLM's aux layer ids).
     engine: str = "sglang"
     engine_version: str = ""
-    # vLLM: where it found the ids it captures (hs_tracer.sources.VLLM_* key names)
-    layer_ids_key: str = ""
-    # The release whose layer-id rules apply: sglang_version, or for a release newer than every one
-    # hs_tracer lists, the newest listed release (its guard checked the rule is the same); "": sglang_version.
+    # Where the engine read the layer ids it captures (vLLM: the config key, hs_tracer.sources.VLLM_*;
+    # "" for an engine that reads them from one fixed place).
+    layer_id_source: str = ""
+    # The engine release whose layer-id rules apply: engine_version, or for a release newer than
+    # every one hs_tracer lists, the newest listed one (its guard checked the rule is the same);
+    # "": engine_version.
     layer_id_rules: str = ""
+
+    @property
+    def sglang_version(self) -> str:
+        """Deprecated alias of ``engine_version`` under SGLang ("" under any other engine): the
+        status file, capture manifests and the ``wiring_info`` metric still carry it."""
+        return self.engine_version if self.engine == "sglang" else ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON, with the deprecated keys ``sglang_version`` and ``layer_ids_key``
+        beside the neutral ones so readers of the old keys keep working."""
+        return {**dataclasses.asdict(self), "sglang_version": self.sglang_version,
+                "layer_ids_key": self.layer_id_source}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WiringRecord:
+        """A record from :meth:`to_json`'s output, or from JSON written before the engine-neutral
+        keys (``sglang_version`` without ``engine_version``, ``layer_ids_key``)."""
+        d = dict(data)
+        old_version = d.pop("sglang_version", "")
+        old_source = d.pop("layer_ids_key", "")
+        if old_version and not d.get("engine_version") and d.get("engine", "sglang") == "sglang":
+            d["engine_version"] = old_version
+        if old_source and not d.get("layer_id_source"):
+            d["layer_id_source"] = old_source
+        return cls(**d)
 
     @property
     def expected_width(self) -> int:

@@ -5,6 +5,7 @@ The end-to-end path (real engine, real hooks) is in tests/test_replay_engine.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import stat
 from pathlib import Path
@@ -23,7 +24,7 @@ K, H = 3, 16
 def _wiring() -> WiringRecord:
     return WiringRecord(model="tiny", target_arch="DeepseekV3ForCausalLM", num_layers=8, hidden_size=H,
                         layers_to_capture=[2, 4, 5], sources=["block:1", "block:3", "block:4"],
-                        configured_layer_ids=[1, 3, 4], sglang_version="0.5.23")
+                        configured_layer_ids=[1, 3, 4], engine_version="0.5.23")
 
 
 def _prefill(extend: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -185,3 +186,15 @@ def test_an_oversized_prefill_is_refused_before_any_host_copy(tmp_path: Path,
     assert copies == [] and sink.dropped == 1 and not sink.pending
     sink.poll()
     assert read_manifest(sink.path).skipped == 1
+
+
+def test_the_manifest_names_the_engine_that_served(tmp_path: Path) -> None:
+    """The producer and the engine keys name the real engine; ``sglang_version`` stays for SGLang only."""
+    sglang = read_manifest(CaptureSink(tmp_path / "s", _wiring(), rate=1.0, max_bytes=1 << 20).path)
+    assert (sglang.engine, sglang.engine_version, sglang.sglang_version) == ("sglang", "0.5.23", "0.5.23")
+    assert sglang.producer.endswith(" / sglang 0.5.23")
+    vllm = dataclasses.replace(_wiring(), engine="vllm", engine_version="0.11.0", layer_id_source="default")
+    m = read_manifest(CaptureSink(tmp_path / "v", vllm, rate=1.0, max_bytes=1 << 20).path)
+    assert (m.engine, m.engine_version, m.sglang_version) == ("vllm", "0.11.0", "")
+    assert m.producer.endswith(" / vllm 0.11.0") and "sglang" not in m.producer
+    assert m.wiring is not None and WiringRecord.from_json(m.wiring) == vllm

@@ -41,7 +41,7 @@ class SkeletonState(core.TracerState):
     def status(self) -> dict[str, Any]:
         return self.with_diagnosis({"pid": 1, "enabled": self.enabled, "hook_errors": self.hook_errors,
                                     "disabled_reason": self.disabled_reason,
-                                    "wiring": core.asdict_or_none(self.wiring)})
+                                    "wiring": self.wiring_json()})
 
 
 @pytest.fixture

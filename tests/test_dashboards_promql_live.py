@@ -36,7 +36,7 @@ def _wiring(model: str) -> WiringRecord:
                         configured_layer_ids=[1, 3, 5], draft_fc_in_features=96, draft_num_aux_states=3,
                         draft_graph_width=96, use_aux_hidden_state=True,
                         spec_args={"speculative_num_draft_tokens": NDT, "speculative_num_steps": NDT - 1},
-                        sglang_version="0.5.23")
+                        engine_version="0.5.23")
 
 
 @pytest.fixture(scope="module")

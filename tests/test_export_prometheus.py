@@ -41,7 +41,7 @@ def wiring() -> WiringRecord:
                         configured_layer_ids=[1, 3, 5], draft_fc_in_features=96, draft_num_aux_states=3,
                         draft_graph_width=96, use_aux_hidden_state=True,
                         spec_args={"speculative_num_draft_tokens": NDT, "speculative_num_steps": NDT - 1},
-                        sglang_version="0.5.23")
+                        engine_version="0.5.23")
 
 
 def expected(records: list[StepRecord]) -> dict[str, object]:

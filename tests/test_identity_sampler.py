@@ -5,6 +5,7 @@ layer classes' signatures. The real engine runs it in tests/test_engine_identity
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -102,9 +103,11 @@ def _batch(mode: ForwardMode = ForwardMode.EXTEND, prefix: tuple[int, ...] = (0,
                            extend_seq_lens_cpu=list(lens), residual_stream=None)
 
 
-def _sampler(body: Body, every: int = 1, errors: list[BaseException] | None = None) -> IdentitySampler:
+def _sampler(body: Body, every: int = 1, errors: list[BaseException] | None = None,
+             tracing: Callable[[], bool] = lambda: True) -> IdentitySampler:
     sampler = IdentitySampler(body, every, LAYERS, H, len(body.layers_to_capture), "cpu", torch.float32,
-                              record=True, fail=(errors if errors is not None else []).append)
+                              record=True, fail=(errors if errors is not None else []).append,
+                              tracing=tracing)
     assert sampler.install()
     return sampler
 
@@ -262,6 +265,28 @@ def test_the_runner_puts_its_graphs_back_when_the_sampled_forward_raises() -> No
     with pytest.raises(RuntimeError, match="out of memory"):  # SGLang's error, unchanged
         runner.forward(_batch())
     assert runner.prefill_cuda_graph_runner is runner.graphs and sampler.failed is None
+
+
+def test_nothing_is_sampled_once_another_hooks_failure_switched_tracing_off() -> None:
+    """The runner's and the layers' wrappers run outside the hooks' guard: once tracing is off no
+    prefill runs eagerly for a sample and no layer is armed."""
+    state = {"enabled": True}
+    body = Body(CallbackLayer, [1, 3, 4])
+    sampler = _sampler(body, every=2, tracing=lambda: state["enabled"])
+    runner = GraphRunner(body)
+    sampler.install_runner(runner)
+    for _ in range(2):
+        out = runner.forward(_batch())
+        if sampler.active is not None:
+            sampler.finish(out)
+    assert (sampler.sampled, runner.eager) == (1, 1)
+    state["enabled"] = False
+    for _ in range(4):
+        assert runner.forward(_batch()) is None  # the graph replays
+        assert all("forward" not in layer.__dict__ for layer in body.layers[1:])
+    _forward(body, sampler, _batch())  # a body called directly decides in its first layer: nothing
+    assert (sampler.sampled, runner.eager, runner.replays) == (1, 1, 5)
+    assert runner.prefill_cuda_graph_runner is runner.graphs
 
 
 def test_a_failure_inside_the_sampler_stops_it_and_leaves_the_forward_alone() -> None:

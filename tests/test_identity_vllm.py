@@ -10,8 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from hs_tracer.config import TracerConfig
 from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify, measured_sources
+from hs_tracer.integrations.vllm import identity
 from hs_tracer.integrations.vllm.identity import IdentitySampler
+from hs_tracer.integrations.vllm.state import TracerState
 
 H, LAYERS = 96, 5  # wider than the projection (64 dims)
 
@@ -54,7 +57,8 @@ class Body(nn.Module):
 
 def _sampler(body: Body, every: int = 1, errors: list[BaseException] | None = None) -> IdentitySampler:
     sampler = IdentitySampler(body, every, LAYERS, H, len(body.aux_hidden_state_layers), "cpu",
-                              torch.float32, record=True, fail=(errors if errors is not None else []).append)
+                              torch.float32, record=True, fail=(errors if errors is not None else []).append,
+                              tracing=lambda: True)
     assert sampler.install()
     return sampler
 
@@ -114,3 +118,22 @@ def test_a_failure_inside_the_sampler_is_reported_once_and_the_forward_is_unchan
     assert len(errors) == 1 and sampler.failed is not None
     _forward(body)
     assert sampler.sampled == 1 and len(errors) == 1  # off from there on
+
+
+def test_nothing_is_sampled_once_another_hooks_failure_switched_tracing_off() -> None:
+    """The body's wrapper runs outside the hooks' guard: the sampler reads the state's enabled flag."""
+    body = Body((1, 2, 4))
+    st = TracerState(TracerConfig(identity_every=1), aux={"layer_ids": [1, 2, 4]},
+                     target={"num_layers": LAYERS, "hidden_size": H, "device": "cpu", "dtype": torch.float32})
+    sampler = identity.install(st, body)
+    assert sampler is not None
+    _forward(body)
+    assert sampler.sampled == 1 and len(sampler.landed()) == 1
+    st.fail("some other hook", RuntimeError("boom"))
+    reference = Body((1, 2, 4))
+    reference.load_state_dict(body.state_dict())
+    for seed in range(3):
+        out, want = _forward(body, seed=seed), _forward(reference, seed=seed)
+        assert torch.equal(out[0], want[0])
+        assert all("forward" not in layer.__dict__ for layer in body.layers)
+    assert sampler.sampled == 1 and sampler.landed() == [] and sampler.failed is None

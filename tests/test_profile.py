@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from hs_tracer.cli import main
+from hs_tracer.cli import build_parser, main
+from hs_tracer.commands.profile import BuildRequest, build_profile_file
 from hs_tracer.profile import build, readers
 from hs_tracer.profile.capture_format import CaptureManifest, CaptureWriter, read_manifest
 from hs_tracer.profile.model import Profile, ProfileError, merge_profiles
@@ -227,6 +228,15 @@ def test_capture_format_roundtrip_and_build(testbed, plan: dict, tmp_path: Path)
     p = Profile.load(out)
     assert p.meta["producer"] == "hs_tracer_capture" and p.meta["ids_origin"] == "data"
     assert p.sources == sources and p.meta["records"] == 4
+    direct = tmp_path / "direct.safetensors"  # the library call the command makes, without argv
+    assert build_profile_file(BuildRequest([cap], direct, no_progress=True)) == 0
+    assert Profile.load(direct).sources == sources
+
+
+def test_the_build_flags_defaults_are_the_build_requests() -> None:
+    """A caller that builds through :class:`BuildRequest` gets what ``profile build`` does by default."""
+    args = build_parser().parse_args(["profile", "build", "dump", "-o", "out.safetensors"])
+    assert BuildRequest.from_args(args) == BuildRequest([Path("dump")], Path("out.safetensors"))
 
 
 def test_ids_resolution_rules(testbed, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace as dc_replace
+
 from hs_tracer import sources as src
 from hs_tracer.findings import Code, Severity
 from hs_tracer.records import WiringRecord
@@ -215,7 +217,7 @@ def test_live_record_reuse() -> None:
         draft_graph_width=3 * 7168,
         use_aux_hidden_state=True,
         spec_args={"speculative_algorithm": "EAGLE3"},
-        sglang_version="0.5.23",
+        engine_version="0.5.23",
     )
     w = wiring_from_record(record)
     assert capture(w).sources == record.sources
@@ -265,7 +267,7 @@ def test_the_startup_check_refuses_a_captured_layer_0_where_the_release_crashes_
                             layers_to_capture=[0, 2, 3], sources=["embedding", "block:1", "block:2"],
                             configured_layer_ids=[0, 2, 3], draft_fc_in_features=96, draft_num_aux_states=3,
                             use_aux_hidden_state=True, spec_args={"speculative_algorithm": "EAGLE3"},
-                            sglang_version=version)
+                            engine_version=version)
 
     trained = ["embedding", "block:1", "block:2"]  # the layers it feeds: nothing but the crash is wrong
     for version in ("0.5.13", "0.5.13.post1"):
@@ -281,3 +283,21 @@ def test_the_startup_check_refuses_a_captured_layer_0_where_the_release_crashes_
     w13 = wiring_from_record(record("0.5.13"))
     assert ids_for_sources(w13, trained) is None
     assert ids_for_sources(wiring_from_record(record("0.5.14")), trained) == [0, 2, 3]
+
+
+def test_the_wiring_record_is_engine_neutral_and_reads_its_old_json() -> None:
+    """The status file and the export process's setup keep the deprecated keys (``sglang_version``,
+    ``layer_ids_key``) beside the neutral ones, and JSON written before the neutral keys reads back."""
+    sglang = WiringRecord(model="m", target_arch="LlamaForCausalLM", num_layers=8, hidden_size=32,
+                          layers_to_capture=[2, 4, 5], sources=["block:1", "block:3", "block:4"],
+                          engine_version="0.5.23")
+    vllm = dc_replace(sglang, engine="vllm", engine_version="0.11.0", layer_id_source="default")
+    assert (sglang.sglang_version, vllm.sglang_version) == ("0.5.23", "")
+    out = vllm.to_json()
+    assert (out["engine"], out["engine_version"], out["sglang_version"]) == ("vllm", "0.11.0", "")
+    assert out["layer_id_source"] == out["layer_ids_key"] == "default"
+    assert WiringRecord.from_json(out) == vllm and WiringRecord.from_json(sglang.to_json()) == sglang
+    old = {k: v for k, v in sglang.to_json().items() if k not in ("engine_version", "layer_id_source")}
+    assert WiringRecord.from_json(old) == sglang
+    old_vllm = {k: v for k, v in out.items() if k != "layer_id_source"}
+    assert WiringRecord.from_json(old_vllm) == vllm

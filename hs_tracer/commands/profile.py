@@ -6,7 +6,9 @@ See docs/diagnosis.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +17,38 @@ if TYPE_CHECKING:
     from hs_tracer.findings import Finding
     from hs_tracer.profile.build import Dump
     from hs_tracer.profile.model import Profile
+
+
+@dataclass
+class BuildRequest:
+    """``profile build``'s flags as typed values (defaults as the flags'): the command builds from one,
+    and so does a caller without a command line (the testbed) instead of going through argv."""
+
+    sources: list[Path]
+    output: Path
+    draft: Path | None = None
+    layer_ids: str | None = None
+    convention: str | None = None
+    family: str | None = None
+    target: Path | None = None
+    num_layers: int | None = None
+    shard: str | None = None
+    atlas: Path | None = None
+    atlas_layer_ids: str | None = None
+    atlas_convention: str = "speculators"
+    piece_tokens: int | None = None
+    max_pieces: int | None = None
+    skip_first: int | None = None
+    expected_sequences: int = 64
+    measure_sequences: int = 8
+    measure_tokens: int = 512
+    no_progress: bool = False
+    resume: bool = False
+    producer_version: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BuildRequest:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -154,7 +188,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def _check_build_inputs(args: argparse.Namespace) -> None:
+def _check_build_inputs(args: BuildRequest) -> None:
     """Every input exists and is well formed, and the output replaces none of them: before any work."""
     from hs_tracer.errors import InputError
     from hs_tracer.inputs.capture import check_capture
@@ -176,6 +210,12 @@ def _check_build_inputs(args: argparse.Namespace) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    return build_profile_file(BuildRequest.from_args(args))
+
+
+def build_profile_file(args: BuildRequest) -> int:
+    """Build, check and write the profile ``args`` asks for, printing what ``profile build`` prints;
+    the exit status (1: the dump's rows hold other sources than its ids say)."""
     from hs_tracer.errors import InputError
     from hs_tracer.profile import build
     from hs_tracer.sources import Convention, Family, family_of
@@ -280,7 +320,7 @@ def run_build(args: argparse.Namespace) -> int:
     return 1 if critical else 0
 
 
-def measure_sources(args: argparse.Namespace, dumps: list[Dump], shard: tuple[int, int] | None,
+def measure_sources(args: BuildRequest, dumps: list[Dump], shard: tuple[int, int] | None,
                     skip_first: int) -> Measurement | None:
     """Recompute the target on a sample of the dumped sequences (every dump's sorted files, the same
     sample on every machine) and measure each slot's source. None, with one line saying why, where

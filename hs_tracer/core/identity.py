@@ -100,7 +100,8 @@ class LayerIdentity(abc.ABC):
     only for a sampled forward (:meth:`_arm`) unless the adapter keeps one set (:meth:`install`)."""
 
     def __init__(self, body: Any, every: int, num_layers: int, hidden: int, num_slots: int,
-                 device: Any, dtype: Any, record: bool, fail: Callable[[BaseException], None]) -> None:
+                 device: Any, dtype: Any, record: bool, fail: Callable[[BaseException], None],
+                 tracing: Callable[[], bool]) -> None:
         self.body = body
         self.every = every
         self.num_layers = num_layers
@@ -110,6 +111,9 @@ class LayerIdentity(abc.ABC):
         self.dtype = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
         self.record = record  # this rank records (tensor rank 0); every rank passes the taps
         self._fail = fail
+        # The tracer state's enabled flag: the sampler's wrappers run outside the hooks' guard, so
+        # once a hook's failure switched tracing off, only this stops them sampling.
+        self._tracing = tracing
         self.dims = DIMS if hidden > DIMS else hidden
         self.countdown = 0  # the first eligible forward is sampled
         self.active: _Slot | None = None  # the slot being filled by the forward running now
@@ -212,6 +216,10 @@ class LayerIdentity(abc.ABC):
         return layer_forward
 
     # ---- per forward ---------------------------------------------------------------------------
+    def _off(self) -> bool:
+        """Nothing is sampled: identity is off, the sampler failed, or tracing was switched off."""
+        return self.every <= 0 or self.failed is not None or not self._tracing()
+
     def _close_stale(self) -> None:
         """A new forward begins: no sample of an earlier one is still being filled."""
         self.active = None

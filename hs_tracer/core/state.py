@@ -77,6 +77,11 @@ class TracerState(abc.ABC):
     def status(self) -> dict[str, Any]:
         """This process's report (docs/interfaces.md lists its keys)."""
 
+    def wiring_json(self) -> dict[str, Any] | None:
+        """The wiring as the status file writes it (with its deprecated alias keys), or None before
+        startup set it."""
+        return None if self.wiring is None else self.wiring.to_json()
+
     def with_diagnosis(self, out: dict[str, Any]) -> dict[str, Any]:
         """A status with the recorder's overhead and diagnosis added (only the startup findings before
         the recorder has one)."""
@@ -172,5 +177,5 @@ class Slot(Generic[S]):
 
 
 def asdict_or_none(obj: Any) -> Any:
-    """A record of the report (wiring, ranks) as JSON, or None before startup set it."""
+    """A record of the report (ranks) as JSON, or None before startup set it."""
     return dataclasses.asdict(obj) if obj is not None else None

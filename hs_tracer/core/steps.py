@@ -66,13 +66,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hs_tracer.export.batch import Scratch, StepBatch
 from hs_tracer.export.digest_join import DigestJoin
+from hs_tracer.export.otel import attach_events
 from hs_tracer.export.step_log import StepLog
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 from hs_tracer.records import Ranks, StepRecord
 
 if TYPE_CHECKING:
-    from hs_tracer.export.batch import Scratch, StepBatch
     from hs_tracer.fingerprint.probe import FingerprintProbe
 
 logger = logging.getLogger("hs_tracer")
@@ -313,8 +314,6 @@ class StepPath:
     def _deliver_events(self) -> None:
         """Request-trace events prepared by the recorder, handed to SGLang's trace contexts here, on
         the thread that owns them."""
-        from hs_tracer.export.otel import attach_events
-
         outbox, events = self.outbox, []
         while outbox:
             events.append(outbox.popleft())
@@ -330,8 +329,6 @@ class StepPath:
         """Every step logged since the last call, with the digests drained meanwhile, as one batch
         (None if there was none). ``requests``: keep the committed request objects; ``scratch``:
         see :meth:`StepBatch.from_run`."""
-        from hs_tracer.export.batch import StepBatch
-
         run = self.log.take()
         if run is None:
             return None

@@ -129,7 +129,7 @@ class ExportSetup:
     kernel_gpu_s: float | None = None  # the fingerprint kernel's GPU time per step, timed at warm-up
 
     def to_json(self) -> dict[str, Any]:
-        return {"wiring": asdict(self.wiring), "ranks": asdict(self.ranks),
+        return {"wiring": self.wiring.to_json(), "ranks": asdict(self.ranks),
                 "static_findings": [f.to_json() for f in self.static_findings],
                 "draft_config": self.draft_config, "profile": str(self.profile) if self.profile else None,
                 "span_sample": self.span_sample, "metrics_port": self.metrics_port,
@@ -137,7 +137,7 @@ class ExportSetup:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExportSetup:
-        return cls(wiring=WiringRecord(**d["wiring"]), ranks=Ranks(**d["ranks"]),
+        return cls(wiring=WiringRecord.from_json(d["wiring"]), ranks=Ranks(**d["ranks"]),
                    static_findings=Report.from_json({"findings": d["static_findings"]}).findings,
                    draft_config=d["draft_config"], profile=Path(d["profile"]) if d["profile"] else None,
                    span_sample=d["span_sample"], metrics_port=d["metrics_port"],

@@ -25,7 +25,6 @@ Captured hidden states are user data (prompts can be reconstructed from them): f
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -126,13 +125,15 @@ class CaptureSink:
             layers_to_capture=list(wiring.layers_to_capture),
             num_layers=wiring.num_layers,
             target_arch=wiring.target_arch,
-            producer=f"hs_tracer {__version__} / sglang {wiring.sglang_version}",
+            producer=f"hs_tracer {__version__} / {wiring.engine} {wiring.engine_version}",
             model=wiring.model,
             target_path=target_path,
+            engine=wiring.engine,
+            engine_version=wiring.engine_version,
             sglang_version=wiring.sglang_version,
             sample_rate=float(rate),
             rows=ROWS,
-            wiring=dataclasses.asdict(wiring),
+            wiring=wiring.to_json(),
         )
         if cf.is_capture_dir(self.path):
             old = cf.read_manifest(self.path)

@@ -263,7 +263,7 @@ class OtelExporter:
         """Remember the wiring; sampled spans carry it."""
         wiring: dict[str, Any] = {
             "hs_tracer.engine": w.engine,
-            "hs_tracer.engine_version": w.engine_version or w.sglang_version,
+            "hs_tracer.engine_version": w.engine_version,
             "hs_tracer.target_arch": w.target_arch,
             "hs_tracer.hidden_size": w.hidden_size,
             "hs_tracer.expected_width": w.expected_width,

@@ -475,7 +475,7 @@ class PrometheusExporter:
             "draft_graph_width": _str(w.draft_graph_width),
             "use_aux_hidden_state": _str(w.use_aux_hidden_state),
             "sglang_version": w.sglang_version,
-            "engine_version": w.engine_version or w.sglang_version,
+            "engine_version": w.engine_version,
         }
         with self._lock:
             if self._wiring_labels is not None and self._wiring_labels != labels:

@@ -11,17 +11,18 @@ A capture is a directory::
 ``num_slots`` K, ``hidden_size`` H, ``dtype`` (of ``features``), ``sources`` (canonical source per slot
 as the live wiring claims it, or null when unknown), ``layers_to_capture`` (SGLang's internal list, or
 null), ``num_layers`` (target depth, or null), ``target_arch``, ``producer`` (free text, e.g.
-``"hs_tracer 0.1.0 / sglang <release>"``), ``shards``: ``[{"file": name, "tokens": N}]``. A reader needs
+``"hs_tracer 0.1.0 / vllm <release>"``), ``shards``: ``[{"file": name, "tokens": N}]``. A reader needs
 only ``format``, ``version``, ``num_slots``, ``hidden_size`` and ``shards``; ``features`` may be wider
 or narrower than K*H when the wiring is broken (that is what diagnosis looks for).
 
 Live captures (:mod:`hs_tracer.export.capture`) add, all optional: ``model``, ``target_path``,
-``sglang_version``, ``sample_rate`` (fraction of steps captured), ``rows`` (which draft inputs the
-rows are, e.g. ``"prefill_draft_extend"``), ``wiring`` (the WiringRecord as JSON), ``next_shard``
-(the index the next shard file gets: rotation deletes the oldest shards, names are never reused),
-``skipped`` (captures dropped: writer behind or shard larger than the size bound). Shards may hold
-extra int64 tensors: ``extend_lens`` [R] (rows per request, in row order) and ``next_token_ids`` [R]
-(the token SGLang appends after each request's last row).
+``engine`` and ``engine_version`` (the serving engine and its release), ``sglang_version``
+(deprecated: ``engine_version`` under SGLang, "" under another engine), ``sample_rate`` (fraction of
+steps captured), ``rows`` (which draft inputs the rows are, e.g. ``"prefill_draft_extend"``),
+``wiring`` (the WiringRecord as JSON), ``next_shard`` (the index the next shard file gets: rotation
+deletes the oldest shards, names are never reused), ``skipped`` (captures dropped: writer behind or
+shard larger than the size bound). Shards may hold extra int64 tensors: ``extend_lens`` [R] (rows per
+request, in row order) and ``next_token_ids`` [R] (the token SGLang appends after each request's last row).
 
 Captured hidden states are user data (prompts can be reconstructed from them): files are written 0600.
 """
@@ -69,6 +70,8 @@ class CaptureManifest:
     shards: list[dict[str, Any]] = field(default_factory=list)
     model: str | None = None
     target_path: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
     sglang_version: str | None = None
     sample_rate: float | None = None
     rows: str | None = None
@@ -102,6 +105,8 @@ class CaptureManifest:
                 shards=list(data["shards"]),
                 model=data.get("model"),
                 target_path=data.get("target_path"),
+                engine=data.get("engine"),
+                engine_version=data.get("engine_version"),
                 sglang_version=data.get("sglang_version"),
                 sample_rate=data.get("sample_rate"),
                 rows=data.get("rows"),

@@ -39,7 +39,7 @@ def wiring_record(target: Mapping[str, Any], capture: src.VLLMCapture | None, dr
         spec_args=dict(spec_args),
         engine="vllm",
         engine_version=vllm_version,
-        layer_ids_key=capture.key if capture else "",
+        layer_id_source=capture.key if capture else "",
     )
 
 

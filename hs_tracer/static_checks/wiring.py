@@ -103,7 +103,7 @@ def wiring_from_record(record: WiringRecord, *, eagle3_draft: bool = True) -> Wi
         draft_num_aux_states=record.draft_num_aux_states,
         graph_width=record.draft_graph_width,
         layers_to_capture=list(record.layers_to_capture) if record.layers_to_capture else None,
-        sglang_version=record.layer_id_rules or record.sglang_version or None,
+        sglang_version=record.layer_id_rules or record.engine_version or None,
     )
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hs_tracer.commands.profile import BuildRequest, build_profile_file
+
 if TYPE_CHECKING:
     from hs_tracer_testbed.build import TestbedPaths
     from hs_tracer_testbed.smollm import PairPaths
@@ -138,12 +140,10 @@ def real_pair_profile(pair: PairPaths) -> Path:
 def build_profile(out: Path, specforge_data: Path, draft: Path, target: Path, atlas: Path) -> Path:
     """``hs-tracer profile build`` of a draft's SpecForge training data with an all-layer atlas, into
     ``out`` unless it exists already."""
-    from hs_tracer.cli import main as cli
-
     if not out.exists():
         with redirect_stdout(sys.stderr):  # progress, not the demo's answer
-            code = cli(["profile", "build", str(specforge_data), "-o", str(out), "--draft", str(draft),
-                        "--target", str(target), "--atlas", str(atlas), "--no-progress"])
+            code = build_profile_file(BuildRequest([specforge_data], out, draft=draft, target=target,
+                                                   atlas=atlas, no_progress=True))
         if code != 0:
             raise RuntimeError(f"building the reference profile {out} failed (exit {code})")
     return out

@@ -22,10 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
+from contextlib import redirect_stdout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hs_tracer.commands.profile import BuildRequest, build_profile_file
 from hs_tracer_testbed import corpus
 from hs_tracer_testbed.draft_train import DraftRecipe
 from hs_tracer_testbed.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer
@@ -308,17 +311,12 @@ def write_ids_missing(draft: Path, out: Path) -> Path:
 def profile(pair: LlamaPair) -> Path:
     """The reference profile of the draft's training data with the all-layer atlas (built once, next to
     the pair)."""
-    import sys
-    from contextlib import redirect_stdout
-
-    from hs_tracer.cli import main as cli
-
     out = pair.root.parent / f"{pair.root.name}.profile.safetensors"
     if not out.exists():
-        with redirect_stdout(sys.stderr):
-            code = cli(["profile", "build", str(pair.specforge_data), "-o", str(out), "--draft",
-                        str(pair.draft), "--target", str(pair.target), "--atlas", str(pair.atlas_data),
-                        "--no-progress"])
+        with redirect_stdout(sys.stderr):  # progress, not the caller's answer
+            code = build_profile_file(BuildRequest([pair.specforge_data], out, draft=pair.draft,
+                                                   target=pair.target, atlas=pair.atlas_data,
+                                                   no_progress=True))
         if code != 0:
             raise RuntimeError(f"building the vLLM testbed profile failed (exit {code})")
     return out

@@ -180,7 +180,7 @@ class IdentitySampler(LayerIdentity):
         """Before the runner's forward: is it sampled? If so its prefill graph runners are set
         aside (returned, to be put back), so the forward runs eagerly through the layers."""
         self._pending = None
-        if self.every <= 0 or self.failed is not None or fb is None:
+        if self._off() or fb is None:
             return []
         try:
             rows = self._due(fb)
@@ -208,7 +208,7 @@ class IdentitySampler(LayerIdentity):
         """The first layer of a forward (its arguments): open the sample the runner chose, or
         without a runner decide here (a countdown check unless it is sampled)."""
         self._close_stale()
-        if self.every <= 0 or self.failed is not None:
+        if self._off():
             return
         if self.runner is not None:
             rows, self._pending = self._pending, None
@@ -320,7 +320,8 @@ def install(st: Any, body: Any, runner: Any = None) -> IdentitySampler | None:
                     "must pass the same capture channels on every rank")
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
-                              st.target_device, st.target_dtype, record=st.emitting, fail=_log_failure)
+                              st.target_device, st.target_dtype, record=st.emitting, fail=_log_failure,
+                              tracing=lambda: st.enabled)
     if installed(sampler) is None:
         return None
     if runner is not None:

@@ -204,7 +204,7 @@ class TracerState(core.TracerState):
                 "aux_widths": sorted(set(self.capture_widths)),
                 "handoff_widths": sorted(set(self.handoff_widths)),
             },
-            "wiring": core.asdict_or_none(self.wiring),
+            "wiring": self.wiring_json(),
             "ranks": core.asdict_or_none(self.ranks),
             "role": self.role,
             "probes": None if self.steps is None else {
@@ -248,7 +248,8 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
         draft_graph_width=draft.get("graph_width"),
         use_aux_hidden_state=aux.get("use_aux_hidden_state"),
         spec_args=dict(spec_args),
-        sglang_version=sglang_version,
+        engine="sglang",
+        engine_version=sglang_version,
         layer_id_rules=rules if rules and rules != sglang_version else "",
     )
 

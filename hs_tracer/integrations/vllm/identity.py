@@ -69,7 +69,7 @@ class IdentitySampler(LayerIdentity):
     def _begin(self, positions: Any) -> None:
         """Is this forward sampled? (a countdown check unless it is)"""
         self._close_stale()
-        if self.every <= 0 or self.failed is not None:
+        if self._off():
             return
         if self.countdown > 0:
             self.countdown -= 1
@@ -112,5 +112,5 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
         return None
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target["device"], st.target["dtype"], record=st.emitting,
-                              fail=lambda exc: st.fail("layer identity", exc))
+                              fail=lambda exc: st.fail("layer identity", exc), tracing=lambda: st.enabled)
     return installed(sampler)

@@ -70,7 +70,7 @@ class TracerState(core.TracerState):
             logger.info("hs_tracer: tracing on (tp %d, pp %d, dp %d): %s feeds the draft %s (vllm ids %s "
                         "from %s); %d startup finding(s)", r.tp, r.pp, r.dp, wiring.target_arch,
                         ", ".join(wiring.sources) or "no aux hidden states", wiring.layers_to_capture,
-                        wiring.layer_ids_key or "-", len(findings))
+                        wiring.layer_id_source or "-", len(findings))
             slots = len(wiring.sources) if wiring.use_aux_hidden_state else 1
             probe = None
             if slots and wiring.hidden_size > 0:
@@ -95,7 +95,7 @@ class TracerState(core.TracerState):
             "target": self.target_json(),
             "draft": self.draft,
             "aux": self.aux,
-            "wiring": core.asdict_or_none(self.wiring),
+            "wiring": self.wiring_json(),
             "ranks": core.asdict_or_none(self.ranks),
             "role": self.role,
             "probes": None if self.steps is None else {

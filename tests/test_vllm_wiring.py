@@ -113,9 +113,8 @@ def test_a_wiring_vllm_crashes_on_is_refused_with_the_fix(capsys, tmp_path: Path
     assert "eagle_aux_hidden_state_layer_ids" in f["fix"]
 
 
-def test_check_with_a_profile_names_each_slot(capsys, tmp_path: Path) -> None:
-    """Ids one block early against the training provenance: each slot named (no profile file needed:
-    the runner takes the trained sources)."""
+def _one_block_early(tmp_path: Path):
+    """`check --engine vllm` of a draft whose ids [0, 3, 6] are one block early against its training."""
     from hs_tracer.preflight.vllm_check import run_vllm_check
 
     target = _write(tmp_path / "t", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8,
@@ -123,7 +122,13 @@ def test_check_with_a_profile_names_each_slot(capsys, tmp_path: Path) -> None:
     draft = _write(tmp_path / "d", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128,
                                     "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 336,
                                     "draft_vocab_size": 256, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]})
-    result = run_vllm_check(draft, target, trained_sources=["block:0", "block:3", "block:6"])
+    return run_vllm_check(draft, target, trained_sources=["block:0", "block:3", "block:6"])
+
+
+def test_check_with_a_profile_names_each_slot(capsys, tmp_path: Path) -> None:
+    """Ids one block early against the training provenance: each slot named (no profile file needed:
+    the runner takes the trained sources)."""
+    result = _one_block_early(tmp_path)
     slots = [(f.slot, f.expected, f.observed) for f in result.report.findings
              if f.code.value == "slot_source_mismatch"]
     assert slots == [(0, "block:0", "embedding"), (1, "block:3", "block:2"), (2, "block:6", "block:5")]
@@ -134,14 +139,9 @@ def test_check_with_a_profile_names_each_slot(capsys, tmp_path: Path) -> None:
 def test_check_on_vllm_names_vllms_rule_for_the_slots_it_reads_from_the_config(tmp_path: Path) -> None:
     """Each slot of `check --engine vllm` is what vLLM's layer-id rule reads from the config: the human
     output says so, in the slot's JSON too (``rule``), and never names SGLang's rule."""
-    from hs_tracer.preflight.vllm_check import human, run_vllm_check
+    from hs_tracer.preflight.vllm_check import human
 
-    target = _write(tmp_path / "t", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8,
-                                     "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 336})
-    draft = _write(tmp_path / "d", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128,
-                                    "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 336,
-                                    "draft_vocab_size": 256, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]})
-    result = run_vllm_check(draft, target, trained_sources=["block:0", "block:3", "block:6"])
+    result = _one_block_early(tmp_path)
     text = human(result)
     slot_lines = [line for line in text.splitlines() if line.lstrip().startswith("slot ")]
     assert len(slot_lines) == 3

@@ -25,6 +25,7 @@ from typing import Any
 from hs_tracer.draft.norm_flags import FLAGS
 from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.sglang_releases import NEWEST_RELEASE
+from hs_tracer.sources import NEWEST_VLLM
 
 
 def served_flags(cfg: Mapping[str, Any], engine: str = "sglang") -> dict[str, bool]:
@@ -53,8 +54,6 @@ def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool
         return []
     served = served_flags(draft_config, engine)
     if engine == "vllm":
-        from hs_tracer.sources import NEWEST_VLLM
-
         name, serving = "vLLM", f"vLLM {engine_version or NEWEST_VLLM}"
     else:
         name, serving = "SGLang", f"SGLang {NEWEST_RELEASE}"

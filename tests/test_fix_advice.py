@@ -228,6 +228,10 @@ def test_norm_flags_sets_the_flag() -> None:
     found = check_norm_flags({"norm_before_fc": True}, {"norm_before_fc": False})
     fix = _root(Report(findings=found), Code.NORM_FLAGS)
     assert fix.startswith("set norm_before_fc to false where SGLang reads it")
+    # SGLang has no norm_before_residual branch: no flag to set, another engine or a retrained draft
+    found = check_norm_flags({"norm_before_residual": True}, {"norm_before_residual": True})
+    fix = _root(Report(findings=found), Code.NORM_FLAGS)
+    assert "has no norm_before_residual branch" in fix and "vLLM" in fix and not fix.startswith("set ")
 
 
 def test_features_from_other_requests_points_at_the_gather() -> None:

@@ -62,15 +62,19 @@ def check_norm_flags(draft_config: Mapping[str, Any], trained: Mapping[str, bool
         if flag not in trained or bool(trained[flag]) == served[flag]:
             continue
         where = "eagle_config or the top level" if flag == "norm_before_fc" else "the top level"
+        fix = (f"set {flag} to {str(bool(trained[flag])).lower()} where {name} reads it ({where}), or "
+               "rebuild the profile if the draft was retrained with it")
+        if engine != "vllm" and flag == "norm_before_residual":  # no flag to set: SGLang has no branch
+            fix = (f"{serving} has no norm_before_residual branch, whatever the config says: serve the draft "
+                   f"with an engine that honours it (vLLM {NEWEST_VLLM}), or retrain it with "
+                   "norm_before_residual false and rebuild the profile")
         findings.append(Finding(
             Code.NORM_FLAGS, Severity.CRITICAL,
             f"{serving} serves the draft with {flag}={str(served[flag]).lower()}; its expected "
             "acceptance "
             f"was measured with {flag}={str(bool(trained[flag])).lower()}: the features stay right, the "
             "draft's math changes and acceptance drops",
-            f"set {flag} to {str(bool(trained[flag])).lower()} where {name} reads it "
-            f"({where})"
-            ", or rebuild the profile if the draft was retrained with it",
+            fix,
             expected=str(bool(trained[flag])).lower(), observed=str(served[flag]).lower(),
             details={"flag": flag}))
     return findings

@@ -164,8 +164,9 @@ else
 	$(MAKE) release-checks release-engine SGLANG=$(SGLANG)
 endif
 
-# The vLLM tests, in vLLM's venv (tests/conftest.py leaves them out of a venv without vLLM).
-test-vllm: $(VLLM_STAMP)
+# The vLLM tests, in vLLM's venv (tests/conftest.py leaves them out of a venv without vLLM). A few
+# serve a trainer's draft in SGLang too, or build SpecForge's run: they run those in the project's venv.
+test-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_BIN)/python -m pytest tests/on_vllm
 
 release-checks: $(STAMP)

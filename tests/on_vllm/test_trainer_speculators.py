@@ -1,16 +1,19 @@
 """speculators 0.9.0's data of the real SmolLM2-135M target, made as speculators makes it (vLLM's
 ``extract_hidden_states`` with its hidden-states connector, here in vLLM's CPU build), its trainer's
 checkpoint after 3 steps on that data (both cached by recipe in the testbed cache), hs_tracer on what
-they really wrote, and vLLM serving the checkpoint as the target's EAGLE-3 draft, traced.
+they really wrote, vLLM serving the checkpoint as the target's EAGLE-3 draft, traced, and SGLang 0.5.23
+(the project's ``.venv``) serving it traced after the conversion users make for SGLang.
 
 Cost on a fresh clone: building ``.venv-speculators`` (under a minute), the capture (about 50 s with
 the vLLM start) and the training (4 to 8 minutes on the shared 2-core machine); later runs read the
-cache and spend their time on the profile build and one vLLM engine (docs/testing.md).
+cache and spend their time on the profile build, one vLLM engine and one SGLang engine (about a
+minute each; docs/testing.md).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,10 +21,13 @@ import torch
 from safetensors.torch import load_file
 
 from hs_tracer_testbed.smollm import ensure_target
-from hs_tracer_testbed.trainers import speculators
+from hs_tracer_testbed.trainers import REPO, speculators, tool_env
 from tests.on_vllm.engines import cli, diagnosis, serve_traced
 
 TRAINED = ["block:1", "block:14", "block:26"]
+# the findings that say a slot is fed, or may be fed, another layer than the trained one
+LAYER_CODES = ("layer_ids_ignored", "layer_id_convention", "draft_input_width_mismatch",
+               "slot_source_mismatch", "slot_source_unresolved", "capture_record_mismatch", "feature_drift")
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +221,66 @@ def test_vllm_serves_it_as_trained(data: Path, checkpoint: Path, profile: tuple[
     assert not [f for f in d["findings"] if f["severity"] == "critical" or f["code"] == "norm_flags"], \
         d["findings"]
     assert served["workloads"]["main"]["spec"]["num_drafts"] > 0
+
+
+# SGLang lives in the project's venv, not in vLLM's: its engine runs there, through the SGLang suite's
+# harness (tests/engine_runs.py), and hands back the report of its scheduler.
+_SERVE_IN_SGLANG = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from tests.engine_runs import Engines, EngineSpec
+target, draft, profile, root = map(Path, sys.argv[1:5])
+served = Engines(SimpleNamespace(target=target, draft=draft), profile, root).run(
+    "speculators", EngineSpec("testbed", ("real",)))
+(root / "served.json").write_text(json.dumps({"report": served.report, "diagnosis": served.diagnosis}))
+"""
+
+
+def test_sglang_serves_it_converted_as_trained_and_names_the_norm_it_drops(
+        checkpoint: Path, profile: tuple[Path, str], tmp_path: Path) -> None:
+    """Converted as docs/preflight.md says (``speculators.convert_for_sglang``: a
+    ``LlamaForCausalLMEagle3`` config, the ids in ``eagle_config`` as SGLang spells them, the weights
+    unchanged), the checkpoint is checked and then served by real SGLang 0.5.23 on the CPU, traced with
+    the profile of its data and expected acceptance. Fed: the trained block:1, block:14, block:26, in
+    the engine's record and measured on the same tokens; no layer finding. What SGLang cannot do is
+    named as such: it has no ``norm_before_residual`` branch, which the draft was trained and measured
+    with (``draft_format`` beforehand, ``norm_flags`` both beforehand and live, whose fix sets no flag)."""
+    draft = speculators.convert_for_sglang(checkpoint, tmp_path / "sglang-draft")
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and "target_hidden_size" not in cfg
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert (cfg["norm_before_fc"], cfg["norm_output"], cfg["norm_before_residual"]) == (True, True, True)
+
+    done = cli("check", "--draft", str(draft), "--target", str(ensure_target()), "--profile", str(profile[0]),
+               "--engine", "sglang==0.5.23", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["preflight"]["engine"]["sources"] == report["preflight"]["trained_sources"] == TRAINED
+    assert [s["observed_source"] for s in report["slots"]] == TRAINED
+    critical = [f for f in report["findings"] if f["severity"] == "critical"]
+    assert {(f["code"], f.get("details", {}).get("flag")) for f in critical} == {
+        ("draft_format", None), ("norm_flags", "norm_before_residual")}, report["findings"]
+    assert all("norm_before_residual" in f["message"] for f in critical), critical
+    assert not [f for f in report["findings"] if f["code"] in (*LAYER_CODES, "draft_weights_missing")], \
+        report["findings"]
+
+    root = tmp_path / "sglang"
+    root.mkdir()
+    env = {k: v for k, v in tool_env().items() if k != "OMP_NUM_THREADS"}  # the engine's own threads
+    subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", _SERVE_IN_SGLANG, str(ensure_target()),
+                    str(draft), str(profile[0]), str(root)], check=True, cwd=REPO, env=env, timeout=1500)
+    served = json.loads((root / "served.json").read_text())
+    wiring, live = served["report"]["wiring"], served["diagnosis"]
+    assert wiring["configured_layer_ids"] == [1, 14, 26] and wiring["layers_to_capture"] == [2, 15, 27]
+    assert wiring["sources"] == TRAINED
+    assert [s["expected_source"] for s in live["slots"]] == TRAINED
+    assert [s["observed_source"] for s in live["slots"]] == TRAINED
+    assert all(s["measured_error"] < 0.01 for s in live["slots"]), live["slots"]
+    critical = [f for f in live["findings"] if f["severity"] == "critical"]
+    flags = [(f["code"], f.get("details", {}).get("flag")) for f in critical]
+    assert flags == [("norm_flags", "norm_before_residual")], live["findings"]
+    assert not [f for f in live["findings"] if f["code"] in LAYER_CODES], live["findings"]
+    assert [c["cause"] for c in live["root_causes"] if c["severity"] == "critical"] == ["norm_flags"]
+    assert "no norm_before_residual branch" in critical[0]["fix"]
+    assert live["acceptance"]["steps"] > 0

@@ -31,6 +31,10 @@ the trainer moves the draft and each batch to ``local_rank`` (device 0: CUDA), a
 hs_tracer_testbed.trainers.speculators forward WORKDIR``): the reference for hs_tracer's plain-torch
 draft forward on speculators' layout (``norm_before_fc``, ``norm_before_residual``, ``norm_output``).
 
+``convert_for_sglang()`` rewrites a checkpoint it saved the way docs/preflight.md ("Converting a
+speculators draft for SGLang 0.5.23") tells users to, since SGLang has no reader for
+``Eagle3DraftModel``: the config becomes a ``LlamaForCausalLMEagle3`` one, the weights are kept.
+
 Not yet here: a checkpoint trained long enough for the target to accept its tokens.
 """
 
@@ -281,6 +285,46 @@ def reference_logits(checkpoint: Path, features: Any, input_ids: Any, work: Path
     if done.returncode:
         raise RuntimeError(f"speculators forward failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
     return torch.load(work / "logits.pt", weights_only=True)
+
+
+def convert_for_sglang(checkpoint: Path, out: Path) -> Path:
+    """``out`` (created): ``checkpoint``, a draft speculators' trainer saved, as SGLang's
+    ``LlamaForCausalLMEagle3`` reads it (docs/preflight.md, "Converting a speculators draft for
+    SGLang 0.5.23"). The config: ``architectures`` ``["LlamaForCausalLMEagle3"]``, the decoder's keys
+    from ``transformer_layer_config`` at the top level, ``draft_vocab_size`` kept, no
+    ``target_hidden_size`` (SGLang takes any present key, ``null`` too, as the fc input width), the
+    layer ids moved into ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's spelling: the
+    ids that make SGLang feed the layers speculators' ids (input of layer k) name, on the verifier's
+    family ([2, 15, 27] -> [1, 14, 26] on a Llama target, whose rule adds 1). The norm flags stay at
+    the top level as trained: SGLang reads ``norm_before_fc``, ``fc_norm`` and ``norm_output`` there
+    and has no ``norm_before_residual`` branch, so that one stays written but is not applied (what
+    ``hs-tracer check`` reports). The weights are copied unchanged: SGLang's loader tries each name
+    as is and under ``model.``, so ``fc``, ``input_norm`` (``norm_before_fc``), ``layers.0.*``,
+    ``norm``, ``embed_tokens``, ``lm_head`` and any ``d2t``/``t2d`` load as speculators names them."""
+    from hs_tracer import sources
+    from hs_tracer.draft.norm_flags import FLAGS
+
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    layer = dict(cfg["transformer_layer_config"])
+    verifier = cfg["speculators_config"]["verifier"]
+    target = json.loads((Path(verifier["name_or_path"]) / "config.json").read_text())
+    n = target["num_hidden_layers"]
+    trained = sources.to_sources(cfg["eagle_aux_hidden_state_layer_ids"], "speculators", n)
+    ids = sources.from_sources(trained, "specforge", n)  # output of block j: SGLang's Llama spelling
+    family = sources.family_of(verifier["architectures"][0])
+    fed = sources.to_sources(ids, "sglang_draft_config", n, family=family)
+    if fed != trained:
+        raise ValueError(f"eagle_config ids {ids} make SGLang feed {fed} on a {family} target, not the "
+                         f"trained {trained}")
+    flags = {k: cfg[k] for k in FLAGS if k in cfg}
+    converted = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                 "draft_vocab_size": cfg["draft_vocab_size"], "dtype": cfg.get("dtype", layer.get("dtype")),
+                 "tie_word_embeddings": cfg.get("tie_word_embeddings", False), **flags,
+                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(converted, indent=2) + "\n")
+    shutil.copy2(checkpoint / "model.safetensors", out / "model.safetensors")
+    return out
 
 
 def _glue_report() -> None:

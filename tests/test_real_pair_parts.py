@@ -69,3 +69,30 @@ def test_text_domains_are_deterministic_and_the_heldout_topics_apart() -> None:
     assert prompts == smollm.prompts(8)
     plain = smollm.prompts(8, domain="docs_heldout")
     assert all(0 < len(p) <= 240 for p in plain)
+
+
+def test_member_prompts_ask_about_training_side_modules_only() -> None:
+    members = realtext.documents("instruct_members")
+    heldout_modules = [name for i, (name, _) in enumerate(realtext._module_summaries())
+                       if i % realtext.HELDOUT_EVERY == realtext.HELDOUT_EVERY - 1]
+    assert len(members) > 3000  # thousands of subjects: variety the draft generalises from
+    asked = {p.split("What does ", 1)[1].split(" do in Python?", 1)[0] for p in members if "What does " in p}
+    assert not {q for q in asked if q.rsplit(".", 1)[0] in heldout_modules}
+    assert not set(members) & set(realtext.documents("instruct_heldout"))
+
+
+def test_a_train_set_carries_its_recipe_and_refuses_another(tmp_path: Path) -> None:
+    recipe = smollm.default_pair_recipe()
+    texts = smollm.TrainSet.of(recipe)
+    assert texts.prompts == smollm.train_prompts(recipe) and len(texts.heldout) == recipe.heldout_prompts
+    texts.save(tmp_path / "set.json")
+    back = smollm.TrainSet.load(tmp_path / "set.json")
+    assert (back.prompts, back.heldout, back.pair_recipe) == (texts.prompts, texts.heldout, recipe)
+    other = smollm.PairRecipe(**{**recipe.__dict__, "max_new_tokens": 8})
+    try:
+        smollm.train_draft_dir(tmp_path / "out", tmp_path / "no-target", other, back)
+    except ValueError as exc:
+        assert recipe.digest() in str(exc)
+    else:
+        raise AssertionError("a train set made for another recipe was accepted")
+    assert not (tmp_path / "out").exists()

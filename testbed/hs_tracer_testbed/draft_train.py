@@ -79,7 +79,8 @@ def _pad(rows: list[torch.Tensor], value: float = 0.0) -> torch.Tensor:
     import torch
 
     width = max(r.shape[0] for r in rows)
-    out = torch.full((len(rows), width, *rows[0].shape[1:]), value, dtype=rows[0].dtype)
+    first = rows[0]
+    out = torch.full((len(rows), width, *first.shape[1:]), value, dtype=first.dtype, device=first.device)
     for i, r in enumerate(rows):
         out[i, : r.shape[0]] = r
     return out
@@ -135,22 +136,24 @@ def ttt_loss(
     import torch
 
     b, t = ids.shape
+    dev = ids.device
     counts = valid
     if loss_mask is not None:
         # the target's prediction at position j is of token j+1: it counts if token j+1 does
         counts = torch.zeros_like(valid)
         counts[:, :-1] = loss_mask[:, 1:] & valid[:, 1:]
     n = t - 1  # index i: feature of position i, token i+1
-    pos = torch.arange(n).expand(b, n)
+    pos = torch.arange(n, device=dev).expand(b, n)
     hidden = draft.project(feats[:, :n])
     tokens = ids[:, 1:]
     if token_dropout > 0:
         # Replace a share of the step-1 tokens with random ones, so the draft must read the
         # target's features rather than re-derive everything from the (easy) tokens.
-        drop = torch.rand(tokens.shape, generator=generator) < token_dropout
-        noise = torch.randint(draft.config.vocab_size, tokens.shape, generator=generator)
+        # drawn on the CPU generator wherever the draft trains, so a run's draws don't depend on the device
+        drop = (torch.rand(tokens.shape, generator=generator) < token_dropout).to(dev)
+        noise = torch.randint(draft.config.vocab_size, tokens.shape, generator=generator).to(dev)
         tokens = torch.where(drop, noise, tokens)
-    idx = torch.arange(n)
+    idx = torch.arange(n, device=dev)
     # causal over real keys; the diagonal always stays open so padded rows never softmax over nothing
     causal = (idx[None, :] <= idx[:, None])[None] & (
         valid[:, None, :n] | (idx[None, :] == idx[:, None])[None]
@@ -168,7 +171,7 @@ def ttt_loss(
         out = draft.finish(_ttt_attention(draft, q, ctx, chain, causal), residual)
         # step k at index i predicts the target's distribution at position i+k+1
         tgt = torch.zeros_like(target_logp[:, :n])
-        ok = torch.zeros(b, n, dtype=torch.bool)
+        ok = torch.zeros(b, n, dtype=torch.bool, device=dev)
         m = n - k
         if m <= 0:
             break
@@ -196,29 +199,15 @@ def train_draft(
     progress: bool = True,
     log_fn: Callable[[dict[str, float]], None] | None = None,
     use_loss_mask: bool = False,
+    device: str = "cpu",
 ) -> list[dict[str, float]]:
-    """Train ``draft`` in place on SpecForge records; ``lm_head`` is the target's [V, H] head;
-    ``log_fn`` gets each log entry as it is made (a long run's progress); ``use_loss_mask``: train
-    only on the records' ``loss_mask`` tokens (responses), else on every token."""
+    """Train ``draft`` (on ``device``) in place on SpecForge records; ``lm_head`` is the target's
+    [V, H] head; ``log_fn`` gets each log entry as it is made (a long run's progress);
+    ``use_loss_mask``: train only on the records' ``loss_mask`` tokens (responses), else on every token."""
     import torch
     from tqdm import tqdm
 
-    t2d = draft.t2d
-    # Precompute per record: target log-probs over the draft vocab and the target's greedy token.
-    prepared = []
-    for r in records:
-        with torch.no_grad():
-            logits = r["hidden_state"][0].float() @ lm_head.float().T
-        prepared.append(
-            (
-                r["aux_hidden_state"][0].float(),
-                r["input_ids"].long(),
-                logits[:, t2d].log_softmax(-1),
-                logits.argmax(-1),
-                torch.ones(r["input_ids"].shape[0], dtype=torch.bool),
-                r["loss_mask"].bool(),
-            )
-        )
+    prepared = _prepare(draft, records, lm_head, device)
     g = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(draft.trainable_parameters(), lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.98))
     warm = max(1, recipe.train_steps // 20)
@@ -261,6 +250,38 @@ def train_draft(
             recent = []
     draft.eval()
     return log
+
+
+def _prepare(draft: Eagle3Draft, records: list[dict[str, torch.Tensor]], lm_head: torch.Tensor,
+             device: str) -> list[tuple[torch.Tensor, ...]]:  # fmt: skip
+    """Per record, on ``device``: features, ids, the target's log-probs over the draft vocab and its
+    greedy token (from ``lm_head`` on the stored post-norm state), validity, loss mask."""
+    import torch
+
+    t2d = draft.t2d.to(device)
+    head = lm_head.to(device).float()
+    prepared = []
+    for r in records:
+        with torch.no_grad():
+            logits = r["hidden_state"][0].to(device).float() @ head.T
+        n = r["input_ids"].shape[0]
+        prepared.append((r["aux_hidden_state"][0].to(device).float(), r["input_ids"].to(device).long(),
+                         logits[:, t2d].log_softmax(-1), logits.argmax(-1),
+                         torch.ones(n, dtype=torch.bool, device=device), r["loss_mask"].to(device).bool()))
+    return prepared
+
+
+def heldout_accuracy(draft: Eagle3Draft, records: list[dict[str, torch.Tensor]], lm_head: torch.Tensor,
+                     recipe: DraftRecipe, device: str = "cpu") -> dict[str, float]:  # fmt: skip
+    """Top-1 accuracy of each TTT step, teacher-forced on the response tokens of ``records`` (no
+    token dropout, one batch): what the draft does on text it never saw."""
+    import torch
+
+    prepared = _prepare(draft, records, lm_head, device)
+    cols = [_pad([p[j] for p in prepared], value=False if j >= 4 else 0.0) for j in range(6)]
+    with torch.no_grad():
+        _, accs = ttt_loss(draft, *cols[:5], recipe.ttt_steps, recipe.step_decay, loss_mask=cols[5])
+    return {f"acc{k + 1}": a for k, a in enumerate(accs)}
 
 
 def save_vocab_mapping(out_dir: Path, mapping: dict[str, torch.Tensor]) -> Path:

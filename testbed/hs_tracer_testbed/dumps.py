@@ -59,6 +59,12 @@ def layer_states(model: DeepseekV3ForCausalLM, input_ids: torch.Tensor) -> Layer
 
     Forward hooks on the modules (not ``output_hidden_states``) so each tensor's meaning is explicit.
     """
+    return layer_states_batch(model, [input_ids])[0]
+
+
+def layer_states_batch(model: DeepseekV3ForCausalLM, seqs: list[torch.Tensor]) -> list[LayerStates]:
+    """:func:`layer_states` of several sequences in one forward (right-padded, attention-masked: each
+    sequence's rows are its own, up to float rounding; a GPU builds thousands of records in seconds)."""
     import torch
 
     inner = model.model
@@ -71,15 +77,23 @@ def layer_states(model: DeepseekV3ForCausalLM, input_ids: torch.Tensor) -> Layer
             )
         )
     hooks.append(inner.norm.register_forward_hook(lambda m, i, o: seen.__setitem__("norm", o)))
+    lengths = [len(s) for s in seqs]
+    ids = torch.zeros(len(seqs), max(lengths), dtype=torch.long, device=seqs[0].device)
+    mask = torch.zeros_like(ids)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = s
+        mask[b, : len(s)] = 1
     try:
         with torch.no_grad():
-            logits = model(input_ids=input_ids[None]).logits[0]
+            # one sequence: no mask, exactly the unpadded forward
+            logits = model(input_ids=ids, attention_mask=mask if len(seqs) > 1 else None).logits
     finally:
         for h in hooks:
             h.remove()
     n = len(inner.layers)
-    layers = torch.stack([seen["emb"][0]] + [seen[f"b{j}"][0] for j in range(n)])
-    return LayerStates(input_ids, layers.float(), seen["norm"][0].float(), logits.float())
+    layers = torch.stack([seen["emb"]] + [seen[f"b{j}"] for j in range(n)], dim=1)  # [B, N+1, T, H]
+    return [LayerStates(s, layers[b, :, :t].float(), seen["norm"][b, :t].float(), logits[b, :t].float())
+            for b, (s, t) in enumerate(zip(seqs, lengths, strict=True))]
 
 
 def _private_write(path: Path) -> None:
@@ -103,23 +117,29 @@ def vocab_mapping(token_lists: Iterable[list[int]], vocab_size: int, draft_vocab
     return {"d2t": d2t, "t2d": t2d}
 
 
+def specforge_record(st: LayerStates, c_out_ids: list[int], loss_mask: torch.Tensor) -> dict[str, Any]:
+    """One SpecForge record on the CPU (bf16 hidden states, as SGLang's capture writes them)."""
+    import torch
+
+    return {
+        "input_ids": st.input_ids.cpu().clone().long(),
+        "loss_mask": loss_mask.cpu().clone().long(),
+        "hidden_state": st.final_norm[None].to("cpu", torch.bfloat16).contiguous(),
+        "aux_hidden_state": st.aux(c_out_ids)[None].to("cpu", torch.bfloat16).contiguous(),
+    }
+
+
 def write_specforge(
     out_dir: Path, i: int, st: LayerStates, c_out_ids: list[int], loss_mask: torch.Tensor
 ) -> Path:
-    """One SpecForge record (bf16 hidden states, as SGLang's capture writes them)."""
+    """Write one SpecForge record ``rows_{g}-{g+2000}/data_{i}.ckpt``."""
     import torch
 
     g = i // SPECFORGE_GROUP * SPECFORGE_GROUP
     d = out_dir / f"rows_{g}-{g + SPECFORGE_GROUP}"
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"data_{i}.ckpt"
-    record = {
-        "input_ids": st.input_ids.clone().long(),
-        "loss_mask": loss_mask.clone().long(),
-        "hidden_state": st.final_norm[None].to(torch.bfloat16).contiguous(),
-        "aux_hidden_state": st.aux(c_out_ids)[None].to(torch.bfloat16).contiguous(),
-    }
-    torch.save(record, path)
+    torch.save(specforge_record(st, c_out_ids, loss_mask), path)
     _private_write(path)
     return path
 

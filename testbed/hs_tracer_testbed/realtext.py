@@ -10,7 +10,9 @@ somewhere deterministic and reachable. Each domain is a list of documents in a f
 * ``chat``: user questions in the target's chat template, ending at the assistant turn;
 * ``instruct`` (the self-distilled draft's training prompts) and ``instruct_heldout``: chat-template
   questions about the language reference's topics and the standard library's modules (named by
-  their docstrings' first sentences), several phrasings each.
+  their docstrings' first sentences), several phrasings each;
+* ``instruct_members`` (more training prompts, for variety): questions about the public functions
+  and classes the training-side modules define, several phrasings each.
 
 ``docs`` and ``instruct`` are split by subject: every eighth topic (and module) is held out
 (``docs_heldout``, ``instruct_heldout``), for prompts the draft never saw. The standard library's
@@ -24,7 +26,8 @@ import inspect
 import sys
 from pathlib import Path
 
-DOMAINS = ("docs", "docs_heldout", "code", "prose", "chat", "instruct", "instruct_heldout")
+DOMAINS = ("docs", "docs_heldout", "code", "prose", "chat", "instruct", "instruct_heldout",
+           "instruct_members")
 # Pure-Python standard-library modules whose source is the ``code`` domain.
 CODE_MODULES = ("textwrap", "heapq", "bisect", "fractions", "string", "shlex", "fnmatch", "calendar",
                 "json.decoder", "json.encoder", "dataclasses", "functools", "statistics", "pprint")
@@ -171,6 +174,38 @@ def _instruct(heldout: bool) -> list[str]:
     return out
 
 
+_MEMBER_QUESTIONS = (
+    "What does {qual} do in Python? Its documentation says: \"{summary}\"",
+    "Show me a short example that uses {qual} from the {module} module.",
+    "When would I use {qual} in Python, and what should I watch out for?",
+)
+
+
+def _first_sentence(obj: object) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n")[0].split())[:160]
+
+
+def _members() -> list[str]:
+    """Questions about the public functions and classes each training-side module defines (members
+    of held-out modules never appear), several phrasings each: thousands of subjects, so the draft
+    learns the domain rather than a few hundred answers."""
+    out = []
+    for i, (module, _) in enumerate(_module_summaries()):
+        if i % HELDOUT_EVERY == HELDOUT_EVERY - 1:
+            continue
+        for attr, obj in sorted(vars(sys.modules[module]).items()):
+            kind_ok = inspect.isroutine(obj) or inspect.isclass(obj)
+            if attr.startswith("_") or getattr(obj, "__module__", None) != module or not kind_ok:
+                continue
+            summary = _first_sentence(obj)
+            if summary:
+                qual = f"{module}.{attr}"
+                out += [chat_prompt(q.format(qual=qual, module=module, summary=summary))
+                        for q in _MEMBER_QUESTIONS]
+    return out
+
+
 def documents(domain: str, chars: int = 1200) -> list[str]:
     """Every document of ``domain`` (one of :data:`DOMAINS`), in a fixed order."""
     if domain == "docs":
@@ -185,4 +220,6 @@ def documents(domain: str, chars: int = 1200) -> list[str]:
         return _chat()
     if domain in ("instruct", "instruct_heldout"):
         return _instruct(domain == "instruct_heldout")
+    if domain == "instruct_members":
+        return _members()
     raise ValueError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")

@@ -13,6 +13,7 @@ safetensors, tokenizer, chat template). Installed with ``--no-deps``: its own de
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -122,8 +123,9 @@ def load_target(target_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
 
 
-# ---- the EAGLE-3 draft, trained here on SpecForge-layout dumps of the target's own responses ------
-PAIR_FORMAT = 2
+# ---- the EAGLE-3 draft, trained on SpecForge-layout records of the target's own responses ---------
+PAIR_FORMAT = 3
+RECORD_BATCH = 32  # sequences per forward when a GPU makes the training records
 ASSETS = Path(__file__).parent / "assets_smollm2"
 
 
@@ -131,20 +133,23 @@ ASSETS = Path(__file__).parent / "assets_smollm2"
 class PairRecipe:
     """What determines the real pair's draft, data and measurements (the target's recipe included).
 
-    Trained like production EAGLE-3 drafts: on the target's own greedy responses to chat prompts
-    of one domain (self-distillation), loss on the response tokens only, three TTT steps. Held-out
-    prompts of the same domain (other subjects) measure it. Training takes a long CPU run, so the
-    weights are committed (``assets_smollm2``) and reused while this recipe's digest matches.
+    Trained like production EAGLE-3 drafts: on the target's own greedy responses to thousands of
+    chat prompts of one domain (self-distillation), loss on the response tokens only, three TTT
+    steps. Held-out prompts of the same domain (other subjects) measure it. Training wants a GPU
+    (minutes; hours on a 2-core CPU), so the weights are committed (``assets_smollm2``) and reused
+    while this recipe's digest matches; an ordinary build dumps only ``profile_records`` of the
+    training records, for profiles.
     """
 
     target: TargetRecipe = field(default_factory=TargetRecipe)
     draft: DraftRecipe = field(default_factory=lambda: DraftRecipe(
-        intermediate=768, heads=9, kv_heads=3, draft_vocab=3072, ttt_steps=3, train_steps=600, batch_size=8,
+        intermediate=768, heads=9, kv_heads=3, draft_vocab=3072, ttt_steps=3, train_steps=3000, batch_size=32,
         lr=3e-3, token_dropout=0.1))
-    train_domain: str = "instruct"
-    train_prompts: int = 384
+    train_domains: tuple[str, ...] = ("instruct", "instruct_members")
     max_new_tokens: int = 160
-    generate_batch: int = 16
+    generate_batch: int = 256
+    profile_records: int = 384
+    heldout_prompts: int = 48
     seq_len: int = 128
     atlas_docs: int = 8
     other_domain: str = "code"
@@ -152,6 +157,11 @@ class PairRecipe:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PairRecipe:
+        return cls(**{**d, "target": TargetRecipe(**d["target"]), "draft": DraftRecipe(**d["draft"]),
+                      "train_domains": tuple(d["train_domains"])})
 
     def digest(self) -> str:
         blob = json.dumps({"format": PAIR_FORMAT, "recipe": self.to_dict()}, sort_keys=True)
@@ -186,25 +196,51 @@ class PairPaths:
         return json.loads(self.manifest.read_text())
 
 
+@dataclass(frozen=True)
+class TrainSet:
+    """The prompts a draft is trained and checked on. Made where the recipe's Python runs (the
+    standard library's texts are the prompts), so a GPU machine with another Python can train it."""
+
+    recipe: dict[str, Any]
+    prompts: list[str]
+    heldout: list[str]
+
+    @classmethod
+    def of(cls, recipe: PairRecipe) -> TrainSet:
+        return cls(recipe.to_dict(), train_prompts(recipe), prompts(recipe.heldout_prompts))
+
+    @property
+    def pair_recipe(self) -> PairRecipe:
+        return PairRecipe.from_dict(self.recipe)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> TrainSet:
+        return cls(**json.loads(Path(path).read_text()))
+
+
 def prebuilt_assets(recipe: PairRecipe) -> Path | None:
-    """The committed draft (and the responses it was trained on) if ``recipe`` made them."""
+    """The committed draft (and the responses of its profile records) if ``recipe`` made them."""
     meta = ASSETS / "prebuilt.json"
     if meta.exists() and json.loads(meta.read_text()).get("recipe_hash") == recipe.digest():
         return ASSETS
     return None
 
 
-def export_assets(paths: PairPaths, dest: Path = ASSETS) -> Path:
-    """Copy a from-scratch build's draft and training responses into ``dest`` (the committed assets)."""
-    manifest = paths.load_manifest()
-    if manifest.get("weights") != "trained":
-        raise ValueError(f"{paths.root} reused prebuilt weights; export only a --from-scratch build")
+def export_assets(trained: Path, recipe: PairRecipe, dest: Path = ASSETS) -> Path:
+    """Make ``dest`` (the committed assets) from a :func:`train_draft_dir` output: the draft, the
+    responses of the profile records, and ``prebuilt.json`` (recipe, digest, training results)."""
+    info = json.loads((trained / "trained.json").read_text())
+    if info["recipe_hash"] != recipe.digest():
+        raise ValueError(f"{trained} was trained for recipe {info['recipe_hash']}, not {recipe.digest()}")
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(paths.draft, dest / "draft")
-    shutil.copy(paths.root / "responses.json", dest / "responses.json")
-    meta = {key: manifest[key] for key in ("recipe_hash", "recipe", "versions")}
-    meta["draft"] = manifest["draft"]
+    shutil.copytree(trained / "draft", dest / "draft")
+    shutil.copy(trained / "responses.json", dest / "responses.json")
+    meta = {"recipe_hash": recipe.digest(), "recipe": recipe.to_dict(), "draft": info["draft"],
+            "trained": info["trained"]}
     (dest / "prebuilt.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return dest
 
@@ -235,81 +271,84 @@ def encode(tokenizer: Any, texts: list[str], seq_len: int) -> list[list[int]]:
 
 
 def train_prompts(recipe: PairRecipe) -> list[str]:
-    """The chat prompts whose responses the draft is trained on."""
+    """The chat prompts whose responses the draft is trained on (every prompt of each domain)."""
     from hs_tracer_testbed import realtext
 
-    return spread(realtext.documents(recipe.train_domain), recipe.train_prompts)
+    return [p for domain in recipe.train_domains for p in realtext.documents(domain)]
+
+
+def profile_indices(recipe: PairRecipe, n_train: int) -> list[int]:
+    """Which training records an ordinary build dumps (for profiles): evenly spread."""
+    return spread(list(range(n_train)), recipe.profile_records)
+
+
+def _records(model: Any, tokenizer: Any, prompts_: list[str], responses: list[list[int]], c_out: list[int],
+             progress: bool, desc: str) -> list[dict[str, Any]]:  # fmt: skip
+    """SpecForge records (in memory) of each prompt + response, loss mask on the response."""
+    from tqdm import tqdm
+
+    from hs_tracer_testbed import dumps
+
+    pairs = list(zip(encode(tokenizer, prompts_, 10**9), responses, strict=True))
+    batch = RECORD_BATCH if model.device.type != "cpu" else 1  # a CPU build stays bit-reproducible
+    out = []
+    for b in tqdm(range(0, len(pairs), batch), desc=desc, disable=not progress):
+        chunk = pairs[b : b + batch]
+        states = dumps.layer_states_batch(model, [_tensor(p + r, model) for p, r in chunk])
+        out += [dumps.specforge_record(st, c_out, _mask(len(p), len(r))) for st, (p, r) in zip(states, chunk,
+                                                                                              strict=True)]
+    return out
+
+
+def _tensor(ids: list[int], model: Any) -> Any:
+    import torch
+
+    return torch.tensor(ids, device=model.device)
+
+
+def _mask(prompt: int, response: int) -> Any:
+    import torch
+
+    return torch.cat([torch.zeros(prompt, dtype=torch.long), torch.ones(response, dtype=torch.long)])
 
 
 def _dump(paths: PairPaths, recipe: PairRecipe, model: Any, tokenizer: Any, plan: dict[str, Any],
-          responses: list[list[int]], progress: bool) -> dict[str, Any]:  # fmt: skip
-    """SpecForge records of prompt + response (loss mask on the response), the atlas of the first
-    few, the atlas of another domain, and the draft vocabulary (the responses' commonest tokens)."""
-    import torch
+          profile_prompts: list[str], responses: list[list[int]], mapping: dict[str, Any],
+          progress: bool) -> None:  # fmt: skip
+    """SpecForge records of the profile records' prompt + response (loss mask on the response), the
+    atlas of the first few, the atlas of another domain, and the draft's vocabulary mapping."""
     from tqdm import tqdm
 
     from hs_tracer_testbed import dumps, realtext
     from hs_tracer_testbed.draft_train import save_vocab_mapping
 
-    prompt_ids = encode(tokenizer, train_prompts(recipe), 10**9)
+    prompt_ids = encode(tokenizer, profile_prompts, 10**9)
     c_out, atlas_c_in = plan["specforge_c_out"], plan["atlas_c_in"]
     for i, (p, r) in enumerate(tqdm(list(zip(prompt_ids, responses, strict=True)), desc="dump hidden states",
                                     disable=not progress)):
-        st = dumps.layer_states(model, torch.tensor(p + r))
-        mask = torch.cat([torch.zeros(len(p), dtype=torch.long), torch.ones(len(r), dtype=torch.long)])
-        dumps.write_specforge(paths.specforge_data, i, st, c_out, mask)
+        st = dumps.layer_states(model, _tensor(p + r, model))
+        dumps.write_specforge(paths.specforge_data, i, st, c_out, _mask(len(p), len(r)))
         if i < recipe.atlas_docs:
             dumps.write_speculators(paths.atlas_data, i, st, atlas_c_in, final_norm=True)
     other = encode(tokenizer, realtext.documents(recipe.other_domain)[: recipe.atlas_docs], recipe.seq_len)
     for i, seq in enumerate(other):
-        dumps.write_speculators(paths.other_data, i, dumps.layer_states(model, torch.tensor(seq)), atlas_c_in,
-                                final_norm=True)
-    mapping = dumps.vocab_mapping(responses, model.config.vocab_size, recipe.draft.draft_vocab)
+        st = dumps.layer_states(model, _tensor(seq, model))
+        dumps.write_speculators(paths.other_data, i, st, atlas_c_in, final_norm=True)
     save_vocab_mapping(paths.specforge_data, mapping)
     common = {"target": str(paths.target), "num_hidden_layers": plan["num_hidden_layers"],
               "dtype": "bfloat16"}
     dumps.write_sidecar(paths.specforge_data, {
         **common, "layout": "specforge", "layer_ids": c_out, "convention": "C_out",
         "sources": plan["aux_sources"], "hidden_state": "final_norm", "records": len(responses),
-        "domain": recipe.train_domain,
+        "domain": "+".join(recipe.train_domains),
     })  # fmt: skip
-    for d, n, domain in ((paths.atlas_data, min(recipe.atlas_docs, len(responses)), recipe.train_domain),
+    for d, n, domain in ((paths.atlas_data, min(recipe.atlas_docs, len(responses)), recipe.train_domains[0]),
                          (paths.other_data, len(other), recipe.other_domain)):
         dumps.write_sidecar(d, {
             **common, "layout": "speculators", "layer_ids": atlas_c_in, "convention": "C_in",
             "sources": plan["atlas_sources"],
             "extra_keys": {"final_norm": "final_norm"}, "records": n, "domain": domain,
         })  # fmt: skip
-    return mapping
-
-
-def _train(paths: PairPaths, recipe: PairRecipe, model: Any, plan: dict[str, Any], mapping: dict[str, Any],
-           progress: bool) -> list[dict[str, float]]:  # fmt: skip
-    import torch
-
-    from hs_tracer.draft.model import DraftConfig, Eagle3Draft
-    from hs_tracer_testbed.draft_train import draft_config_dict, train_draft
-    from hs_tracer_testbed.dumps import read_specforge
-
-    target_cfg = json.loads((paths.target / "config.json").read_text())
-    cfg = draft_config_dict(recipe.draft, target_cfg, plan["draft_config_ids"], target_cfg["eos_token_id"],
-                            target_cfg["bos_token_id"])
-    cfg["rms_norm_eps"] = target_cfg["rms_norm_eps"]
-    torch.manual_seed(recipe.draft.seed)
-    draft = Eagle3Draft(DraftConfig.from_dict(cfg), model.model.embed_tokens.weight.detach())
-    draft.d2t.copy_(mapping["d2t"])
-    draft.t2d.copy_(mapping["t2d"])
-    progress_log = paths.root / "train_progress.jsonl"
-
-    def note(entry: dict[str, float]) -> None:
-        with progress_log.open("a") as fh:
-            fh.write(json.dumps(entry) + "\n")
-
-    log = train_draft(draft, read_specforge(paths.specforge_data), model.lm_head.weight.detach(),
-                      recipe.draft, progress, log_fn=note, use_loss_mask=True)
-    draft.save_pretrained(paths.draft)
-    (paths.draft / "train_log.json").write_text(json.dumps(log) + "\n")
-    return log
 
 
 def expected_accept_length(entry: dict[str, float], steps: int) -> float:
@@ -322,38 +361,107 @@ def expected_accept_length(entry: dict[str, float], steps: int) -> float:
     return total
 
 
-def ensure_responses(root: Path, recipe: PairRecipe, target: Path, progress: bool = True) -> list[list[int]]:
-    """The target's greedy responses to the training prompts, generated once per machine into
-    ``root/smollm2-responses-<hash>.json`` (the slow part of a from-scratch build: tens of minutes
-    on a 2-core CPU)."""
-    from transformers import AutoTokenizer
-
-    from hs_tracer_testbed.target import deterministic
-
-    key = {"target": recipe.target.digest(), "domain": recipe.train_domain, "prompts": recipe.train_prompts,
-           "max_new_tokens": recipe.max_new_tokens, "batch": recipe.generate_batch, "python": recipe.python}
+def _generated(root: Path, recipe: PairRecipe, model: Any, tokenizer: Any, name: str, prompts_: list[str],
+               progress: bool) -> list[list[int]]:  # fmt: skip
+    """The target's greedy responses to ``prompts_``, generated once per machine into
+    ``root/smollm2-responses-<hash>.json`` (the slow part of a from-scratch build)."""
+    texts = hashlib.sha256("\0".join(prompts_).encode()).hexdigest()
+    key = {"target": recipe.target.digest(), "prompts": texts,
+           "max_new_tokens": recipe.max_new_tokens, "batch": recipe.generate_batch,
+           "device": model.device.type}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(root) / f"smollm2-responses-{digest}.json"
-    if path.exists():
-        return json.loads(path.read_text())["responses"]
     with _locked(path.with_suffix(".lock")):
         if not path.exists():
-            with deterministic():
-                model = load_target(target)
-                tokenizer = AutoTokenizer.from_pretrained(target)
-                responses = generate_responses(model, tokenizer, train_prompts(recipe), recipe.max_new_tokens,
-                                               recipe.generate_batch, progress)
+            responses = generate_responses(model, tokenizer, prompts_, recipe.max_new_tokens,
+                                           recipe.generate_batch, progress, desc=f"generate {name} responses")
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"key": key, "responses": responses}) + "\n")
             tmp.rename(path)
     return json.loads(path.read_text())["responses"]
 
 
+def train_draft_dir(out_dir: Path, target: Path, recipe: PairRecipe, texts: TrainSet, device: str = "cpu",
+                    progress: bool = True, cache: Path | None = None) -> Path:  # fmt: skip
+    """Train the draft from scratch into ``out_dir`` (created): the target's responses to every
+    training prompt, their SpecForge records (in memory), the draft trained on them, its accuracy
+    teacher-forced on responses to held-out prompts. Writes ``draft/``, ``responses.json`` (the
+    profile records' responses) and ``trained.json``. Bit-reproducible on a CPU (one thread); on a
+    GPU (``device="cuda"``: minutes instead of hours) close, not bit-equal. The responses are cached
+    in ``cache`` (default: beside ``out_dir``)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hs_tracer.draft.model import DraftConfig, Eagle3Draft
+    from hs_tracer_testbed import dumps
+    from hs_tracer_testbed.draft_train import draft_config_dict, heldout_accuracy, train_draft
+    from hs_tracer_testbed.target import deterministic
+
+    if texts.pair_recipe != recipe:
+        raise ValueError(f"the prompts were made for recipe {texts.pair_recipe.digest()}, "
+                         f"not {recipe.digest()}")
+    out_dir.mkdir(parents=True)
+    timings: dict[str, float] = {}
+    with deterministic() if device == "cpu" else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        model = load_target(target).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        cache = cache or out_dir.parent
+        responses = _generated(cache, recipe, model, tokenizer, "training", texts.prompts, progress)
+        heldout = _generated(cache, recipe, model, tokenizer, "held-out", texts.heldout, progress)
+        timings["responses_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        c_out = layer_plan(model.config.num_hidden_layers)["specforge_c_out"]
+        records = _records(model, tokenizer, texts.prompts, responses, c_out, progress, "training records")
+        held = _records(model, tokenizer, texts.heldout, heldout, c_out, progress, "held-out records")
+        timings["records_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        target_cfg = json.loads((target / "config.json").read_text())
+        cfg = draft_config_dict(recipe.draft, target_cfg, c_out, target_cfg["eos_token_id"],
+                                target_cfg["bos_token_id"])
+        cfg["rms_norm_eps"] = target_cfg["rms_norm_eps"]
+        mapping = dumps.vocab_mapping(responses, target_cfg["vocab_size"], recipe.draft.draft_vocab)
+        torch.manual_seed(recipe.draft.seed)
+        draft = Eagle3Draft(DraftConfig.from_dict(cfg), model.model.embed_tokens.weight.detach().cpu())
+        draft.d2t.copy_(mapping["d2t"])
+        draft.t2d.copy_(mapping["t2d"])
+        draft.to(device)
+        lm_head = model.lm_head.weight.detach()
+        progress_log = out_dir / "train_progress.jsonl"
+
+        def note(entry: dict[str, float]) -> None:
+            with progress_log.open("a") as fh:
+                fh.write(json.dumps(entry) + "\n")
+
+        log = train_draft(draft, records, lm_head, recipe.draft, progress, log_fn=note, use_loss_mask=True,
+                          device=device)
+        timings["train_s"] = round(time.perf_counter() - t0, 1)
+        held_acc = heldout_accuracy(draft, held, lm_head, recipe.draft, device)
+    draft.cpu().save_pretrained(out_dir / "draft")
+    (out_dir / "draft" / "train_log.json").write_text(json.dumps(log) + "\n")
+    picked = profile_indices(recipe, len(responses))
+    (out_dir / "responses.json").write_text(json.dumps({"responses": [responses[i] for i in picked]}) + "\n")
+    tail = log[-3:]
+    steps = recipe.draft.ttt_steps
+    info = {
+        "recipe_hash": recipe.digest(),
+        "draft": {"architecture": "LlamaForCausalLMEagle3", "train_log_tail": tail,
+                  "expected_accept_length": round(expected_accept_length(tail[-1], steps), 3),
+                  "heldout": {**held_acc, "prompts": len(texts.heldout),
+                              "expected_accept_length": round(expected_accept_length(held_acc, steps), 3)}},
+        "trained": {"device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
+                    "torch": torch.__version__, "records": len(records),
+                    "tokens": sum(len(r["input_ids"]) for r in records), "timings_s": timings},
+    }
+    (out_dir / "trained.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
 def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, progress: bool = True,
-               from_scratch: bool = False) -> PairPaths:  # fmt: skip
-    """Dump SpecForge-layout data of the target's own responses to the training prompts, train the
-    EAGLE-3 draft on it (or take the committed one, unless ``from_scratch`` or another recipe), write
-    the atlas (every layer) of a few training records and of another domain."""
+               from_scratch: bool = False, device: str = "cpu") -> PairPaths:  # fmt: skip
+    """Take the committed draft (or, unless it fits the recipe or with ``from_scratch``, train one:
+    :func:`train_draft_dir`), then dump SpecForge-layout data of the profile records and the atlas
+    (every layer) of a few training records and of another domain."""
     from transformers import AutoTokenizer
 
     from hs_tracer.draft.model import Eagle3Draft
@@ -363,44 +471,38 @@ def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, pr
     recipe = recipe or default_pair_recipe()
     paths = PairPaths.under(out_dir, target)
     assets = None if from_scratch else prebuilt_assets(recipe)
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    if assets is not None:
-        responses = json.loads((assets / "responses.json").read_text())["responses"]
-    else:
-        responses = ensure_responses(out_dir.parent, recipe, target, progress)
-    timings["responses_s"] = round(time.perf_counter() - t0, 1)
+    if assets is None:
+        assets = train_draft_dir(out_dir / "trained", target, recipe, TrainSet.of(recipe), device, progress,
+                                 cache=out_dir.parent)
+    timings = {"train_s": round(time.perf_counter() - t0, 1)}
+    meta = (json.loads((assets / "prebuilt.json").read_text()) if (assets / "prebuilt.json").exists()
+            else json.loads((assets / "trained.json").read_text()))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "responses.json").write_text(json.dumps({"responses": responses}) + "\n")
+    shutil.copytree(assets / "draft", paths.draft)
+    shutil.copy(assets / "responses.json", out_dir / "responses.json")
+    responses = json.loads((assets / "responses.json").read_text())["responses"]
     with deterministic():
         t0 = time.perf_counter()
         model = load_target(target)
         tokenizer = AutoTokenizer.from_pretrained(target)
         plan = layer_plan(model.config.num_hidden_layers)
-        mapping = _dump(paths, recipe, model, tokenizer, plan, responses, progress)
+        draft = Eagle3Draft.from_pretrained(paths.draft, target_dir=target)
+        all_prompts = train_prompts(recipe)
+        profile = [all_prompts[i] for i in profile_indices(recipe, len(all_prompts))]
+        _dump(paths, recipe, model, tokenizer, plan, profile, responses, {"d2t": draft.d2t, "t2d": draft.t2d},
+              progress)
         timings["dumps_s"] = round(time.perf_counter() - t0, 1)
-        t1 = time.perf_counter()
-        if assets is not None:
-            shutil.copytree(assets / "draft", paths.draft)
-            draft = Eagle3Draft.from_pretrained(paths.draft, target_dir=target)
-            if not (bool((draft.d2t == mapping["d2t"]).all()) and bool((draft.t2d == mapping["t2d"]).all())):
-                raise RuntimeError(f"the committed draft in {assets} was trained on another draft vocabulary")
-            log = json.loads((paths.draft / "train_log.json").read_text())
-        else:
-            log = _train(paths, recipe, model, plan, mapping, progress)
-        timings["train_s"] = round(time.perf_counter() - t1, 1)
-    tail = log[-3:]
-    expected = expected_accept_length(tail[-1], recipe.draft.ttt_steps)
     manifest = {
         "format": PAIR_FORMAT,
         "recipe_hash": recipe.digest(),
         "recipe": recipe.to_dict(),
-        "weights": "trained" if assets is None else "prebuilt",
+        "weights": "trained" if assets != ASSETS else "prebuilt",
         "versions": _versions(),
         "layers": plan,
         "target": {"architecture": "LlamaForCausalLM", "recipe_hash": recipe.target.digest()},
-        "draft": {"architecture": "LlamaForCausalLMEagle3", "train_log_tail": tail,
-                  "expected_accept_length": round(expected, 3)},
+        "draft": meta["draft"],
+        "trained": meta["trained"],
         "timings_s": timings,
     }
     paths.manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -408,10 +510,11 @@ def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, pr
 
 
 def ensure_pair(root: Path | None = None, recipe: PairRecipe | None = None, progress: bool = True,
-                from_scratch: bool = False) -> PairPaths:  # fmt: skip
+                from_scratch: bool = False, device: str = "cpu") -> PairPaths:  # fmt: skip
     """The real pair for ``recipe``, built on first use into ``root/smollm2-pair-<hash>`` (default
     root: the testbed cache; the target converted beside it if needed). ``from_scratch``: retrain the
-    draft (regenerating its data) even where the committed one fits, replacing the cached pair."""
+    draft (regenerating its data) even where the committed one fits, replacing the cached pair;
+    ``device``: where to train (``cuda``: minutes; a 2-core CPU: hours)."""
     recipe = recipe or default_pair_recipe()
     base = Path(root) if root is not None else default_cache_root()
     name = f"smollm2-pair-{recipe.digest()}"
@@ -431,10 +534,10 @@ def ensure_pair(root: Path | None = None, recipe: PairRecipe | None = None, prog
             tmp = base / f".{name}.building"
             if tmp.exists():
                 shutil.rmtree(tmp)
-            build_pair(tmp, target, recipe, progress, from_scratch)
+            build_pair(base / f".{name}.building", target, recipe, progress, from_scratch, device)
             if final.exists():
                 shutil.rmtree(final)
-            tmp.rename(final)
+            (base / f".{name}.building").rename(final)
     return PairPaths.under(final, target)
 
 
@@ -460,7 +563,8 @@ def spread(items: list[Any], n: int) -> list[Any]:
 
 
 def generate_responses(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch_size: int,
-                       progress: bool = True) -> list[list[int]]:  # fmt: skip
+                       progress: bool = True, desc: str = "generate responses",
+                       ) -> list[list[int]]:  # fmt: skip
     """The target's own greedy responses (token ids, up to and including its end-of-turn token) to
     chat-template ``prompts``: the data a production EAGLE-3 draft is trained on (self-distillation),
     so the draft learns the text it will be asked to speculate."""
@@ -470,9 +574,9 @@ def generate_responses(model: Any, tokenizer: Any, prompts: list[str], max_new_t
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.padding_side = "left"
     out: list[list[int]] = []
-    for b in tqdm(range(0, len(prompts), batch_size), desc="generate responses", disable=not progress):
+    for b in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress):
         enc = tokenizer(prompts[b : b + batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
+                        add_special_tokens=False).to(model.device)
         with torch.no_grad():
             gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos,
                                  eos_token_id=eos)

@@ -371,6 +371,7 @@ def _generated(root: Path, recipe: PairRecipe, model: Any, tokenizer: Any, name:
            "device": model.device.type}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(root) / f"smollm2-responses-{digest}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path.with_suffix(".lock")):
         if not path.exists():
             responses = generate_responses(model, tokenizer, prompts_, recipe.max_new_tokens,

@@ -137,6 +137,12 @@ _MODULE_QUESTIONS = (
 _SKIP_MODULES = ("antigravity", "this", "idlelib", "turtledemo", "tkinter", "turtle")
 
 
+def _first_sentence(obj: object) -> str:
+    """The first paragraph of ``obj``'s docstring on one line, cut to 160 characters."""
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n")[0].split())[:160]
+
+
 def _module_summaries() -> list[tuple[str, str]]:
     """(name, first docstring sentence) of the public standard-library modules that import cleanly
     and have a docstring, sorted by name."""
@@ -150,12 +156,12 @@ def _module_summaries() -> list[tuple[str, str]]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                doc = inspect.getdoc(importlib.import_module(name)) or ""
+                module = importlib.import_module(name)
         except Exception:  # platform-specific modules fail to import in many ways
             continue
-        first = " ".join(doc.split("\n\n")[0].split())
+        first = _first_sentence(module)
         if first:
-            out.append((name, first[:160]))
+            out.append((name, first))
     return out
 
 
@@ -179,11 +185,6 @@ _MEMBER_QUESTIONS = (
     "Show me a short example that uses {qual} from the {module} module.",
     "When would I use {qual} in Python, and what should I watch out for?",
 )
-
-
-def _first_sentence(obj: object) -> str:
-    doc = inspect.getdoc(obj) or ""
-    return " ".join(doc.split("\n\n")[0].split())[:160]
 
 
 def _members() -> list[str]:

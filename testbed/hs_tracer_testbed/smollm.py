@@ -295,8 +295,8 @@ def _records(model: Any, tokenizer: Any, prompts_: list[str], responses: list[li
     for b in tqdm(range(0, len(pairs), batch), desc=desc, disable=not progress):
         chunk = pairs[b : b + batch]
         states = dumps.layer_states_batch(model, [_tensor(p + r, model) for p, r in chunk])
-        out += [dumps.specforge_record(st, c_out, _mask(len(p), len(r))) for st, (p, r) in zip(states, chunk,
-                                                                                              strict=True)]
+        for st, (p, r) in zip(states, chunk, strict=True):
+            out.append(dumps.specforge_record(st, c_out, _mask(len(p), len(r))))
     return out
 
 
@@ -409,12 +409,13 @@ def train_draft_dir(out_dir: Path, target: Path, recipe: PairRecipe, texts: Trai
         tokenizer = AutoTokenizer.from_pretrained(target)
         cache = cache or out_dir.parent
         responses = _generated(cache, recipe, model, tokenizer, "training", texts.prompts, progress)
-        heldout = _generated(cache, recipe, model, tokenizer, "held-out", texts.heldout, progress)
+        heldout_responses = _generated(cache, recipe, model, tokenizer, "held-out", texts.heldout, progress)
         timings["responses_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         c_out = layer_plan(model.config.num_hidden_layers)["specforge_c_out"]
         records = _records(model, tokenizer, texts.prompts, responses, c_out, progress, "training records")
-        held = _records(model, tokenizer, texts.heldout, heldout, c_out, progress, "held-out records")
+        heldout_records = _records(model, tokenizer, texts.heldout, heldout_responses, c_out, progress,
+                                   "held-out records")
         timings["records_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         target_cfg = json.loads((target / "config.json").read_text())
@@ -437,7 +438,7 @@ def train_draft_dir(out_dir: Path, target: Path, recipe: PairRecipe, texts: Trai
         log = train_draft(draft, records, lm_head, recipe.draft, progress, log_fn=note, use_loss_mask=True,
                           device=device)
         timings["train_s"] = round(time.perf_counter() - t0, 1)
-        held_acc = heldout_accuracy(draft, held, lm_head, recipe.draft, device)
+        held_acc = heldout_accuracy(draft, heldout_records, lm_head, recipe.draft, device)
     draft.cpu().save_pretrained(out_dir / "draft")
     (out_dir / "draft" / "train_log.json").write_text(json.dumps(log) + "\n")
     picked = profile_indices(recipe, len(responses))
@@ -477,8 +478,7 @@ def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, pr
         assets = train_draft_dir(out_dir / "trained", target, recipe, TrainSet.of(recipe), device, progress,
                                  cache=out_dir.parent)
     timings = {"train_s": round(time.perf_counter() - t0, 1)}
-    meta = (json.loads((assets / "prebuilt.json").read_text()) if (assets / "prebuilt.json").exists()
-            else json.loads((assets / "trained.json").read_text()))
+    meta = json.loads((assets / ("prebuilt.json" if assets == ASSETS else "trained.json")).read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(assets / "draft", paths.draft)
     shutil.copy(assets / "responses.json", out_dir / "responses.json")
@@ -535,10 +535,10 @@ def ensure_pair(root: Path | None = None, recipe: PairRecipe | None = None, prog
             tmp = base / f".{name}.building"
             if tmp.exists():
                 shutil.rmtree(tmp)
-            build_pair(base / f".{name}.building", target, recipe, progress, from_scratch, device)
+            build_pair(tmp, target, recipe, progress, from_scratch, device)
             if final.exists():
                 shutil.rmtree(final)
-            (base / f".{name}.building").rename(final)
+            tmp.rename(final)
     return PairPaths.under(final, target)
 
 

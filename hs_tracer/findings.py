@@ -108,6 +108,9 @@ class SlotVerdict:
     measured_rows: int | None = None
     measured_runner_up_error: float | None = None
     rule: str | None = None  # the engine whose layer-id rule names a fed slot's source (None: SGLang)
+    # the statistics' distance from the trained source's in the profile, in match levels (matcher's
+    # drift score): above ~1 the live text sits beyond what the training data's own windows show
+    drift: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k == "score"}

@@ -216,7 +216,7 @@ def test_cli_diagnose_capture_json(
     )
     assert all(
         set(s) == {"index", "expected_source", "observed_source", "score", "margin", "distance",
-                   "alternative", "alternative_distance"} for s in out["slots"]
+                   "alternative", "alternative_distance", "drift"} for s in out["slots"]
     )
     # the evidence a reader judges: the trained source is far, the observed one near, and the score
     # (kept for the JSON) is 0.5 ** distance

@@ -307,7 +307,8 @@ def slot_findings(
             m.index, m.expected, m.observed, round(score_of(d_obs, t_match), 4), margin,
             distance=_rounded(d_obs / unit), alternative=alt,
             alternative_distance=None if d_alt is None or alt is None else _rounded(d_alt / unit),
-            candidates=list(m.candidates) or None))
+            candidates=list(m.candidates) or None,
+            drift=None if m.expected == UNKNOWN else _rounded(m.drift_score)))
         if m.expected == UNKNOWN or m.verdict == "ok":
             continue  # slots beyond the trained K: the width finding already says so
         findings.append(_slot_finding(m, t_match, has_atlas))

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 for _path in (REPO, REPO / "testbed", REPO / "benchmarks"):
     if str(_path) not in sys.path:
@@ -124,6 +126,94 @@ def accept_length(requests: list[list[int]]) -> float:
     return 1.0 + sum(i * c for h in requests for i, c in enumerate(h)) / max(steps, 1)
 
 
+def windows(requests: list[list[int]], n: int, reps: int, rng: np.random.Generator, positions: int = 3):
+    """``reps`` windows of ``n`` verify steps: whole requests at random, each request's steps (from
+    its histogram) in random order, cut at ``n``; None if the requests hold fewer steps."""
+    from hs_tracer.diagnosis.live import acceptance_of
+    from hs_tracer.findings import Acceptance
+
+    per_request = [np.repeat(np.arange(len(h)), h) + 1 for h in requests]  # accept lengths
+    if sum(map(len, per_request)) < n:
+        return None
+    out = []
+    for _ in range(reps):
+        steps: list[np.ndarray] = []
+        held = 0
+        for i in rng.permutation(len(per_request)):
+            steps.append(rng.permutation(per_request[i]))
+            held += len(steps[-1])
+            if held >= n:
+                break
+        acc = acceptance_of(np.concatenate(steps)[:n])
+        rates = (list(acc.per_position_rate) + [0.0] * positions)[:positions]
+        out.append(Acceptance(acc.steps, acc.mean_accept_length, rates))
+    return out
+
+
+def evidence(run: dict[str, Any]) -> tuple[bool | None, list[float | None]]:
+    """What the tracer's own report says of the features: every slot fed its trained source (True),
+    some slot not (False); each slot's drift score."""
+    slots = (run.get("report") or {}).get("slots") or []
+    if not slots:
+        return None, []
+    match = all(s["observed_source"] == s["expected_source"] for s in slots)
+    return match, [s.get("drift") for s in slots]
+
+
+def judge(raw: dict[str, Any], reps: int, expectation_json: dict[str, Any] | None) -> dict[str, Any]:
+    """Per scenario and window size: the share of windows judged critical (``acceptance_drop``), a
+    warning (the text's), or held back; how live acceptance compares with the expectation."""
+    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
+    from hs_tracer.findings import Severity
+    from hs_tracer.profile.expectation import ExpectedAcceptance
+
+    exp = ExpectedAcceptance.from_json(expectation_json) if expectation_json else None
+    th = AcceptanceThresholds()
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {}
+    for name, run in raw["runs"].items():
+        match, drift = evidence(run)
+        report = run.get("report") or {}
+        row: dict[str, Any] = {
+            "domain": run["domain"], "prompts": run["prompts"],
+            "verify_steps": int(sum(sum(h) for h in run["requests"])),
+            "mean_accept_length": round(accept_length(run["requests"]), 4),
+            "interval_95": bootstrap(run["requests"], rng),
+            "tracer_status": report.get("status"),
+            "tracer_findings": sorted({f["code"] for f in report.get("findings", [])
+                                       if f["severity"] != "info"}),
+            "features_match": match, "drift": drift, "windows": {}}
+        for n in SIZES:
+            ws = windows(run["requests"], n, reps, rng)
+            if ws is None:
+                continue
+            verdicts = [acceptance_findings(w, exp, features_match=match, drift=drift, th=th) for w in ws]
+            ratio = np.array([w.mean_accept_length for w in ws]) / (exp.accept_length(3) if exp else 1.0)
+            row["windows"][n] = {"critical": share(verdicts, Severity.CRITICAL),
+                                 "text": share(verdicts, Severity.WARNING),
+                                 "live_over_expected_p05_p50_p95": [round(float(q), 3) for q in
+                                                                    np.quantile(ratio, [0.05, 0.5, 0.95])]}
+        out[name] = row
+    return out
+
+
+def share(verdicts: list[list[Any]], severity: Any) -> float:
+    """The fraction of windows with an ``acceptance_drop`` of ``severity``."""
+    from hs_tracer.findings import Code
+
+    hits = sum(any(f.code is Code.ACCEPTANCE_DROP and f.severity is severity for f in fs) for fs in verdicts)
+    return round(hits / max(len(verdicts), 1), 4)
+
+
+def bootstrap(requests: list[list[int]], rng: np.random.Generator, rounds: int = 2000) -> list[float]:
+    """95 % interval of the pooled accept length, resampling requests."""
+    steps = np.array([sum(h) for h in requests], dtype=float)
+    accepted = np.array([sum(i * c for i, c in enumerate(h)) for h in requests], dtype=float)
+    picks = rng.integers(0, len(requests), size=(rounds, len(requests)))
+    vals = 1 + accepted[picks].sum(1) / np.maximum(steps[picks].sum(1), 1)
+    return [round(float(v), 4) for v in np.quantile(vals, [0.025, 0.975])]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -131,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", help="run only this scenario (repeatable)")
     p.add_argument("--runs", type=Path, help="a results file whose raw evidence to re-judge")
     p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--profile", type=Path, help="judge against this profile's expected acceptance")
     args = p.parse_args(argv)
     if args.runs is not None:
         raw = json.loads(args.runs.read_text())
@@ -141,8 +232,23 @@ def main(argv: list[str] | None = None) -> int:
         from provenance import header
 
         raw.update(header(REPO))
+    expected = raw.get("expectation")
+    if args.profile is not None:
+        from hs_tracer.profile.model import Profile
+
+        exp = Profile.load(args.profile).expected_acceptance
+        expected = exp.to_json() if exp is not None else None
+    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds
+
+    raw["judged"] = {"expectation": expected, "thresholds": dict(AcceptanceThresholds().__dict__),
+                     "reps_per_cell": args.reps, "scenarios": judge(raw, args.reps, expected)}
+    raw["method"] = __doc__.split("\n\n")[1].replace("\n", " ")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(raw, indent=1) + "\n")
+    for name, r in raw["judged"]["scenarios"].items():
+        cells = " ".join(f"{n}:{c['critical']:.2f}/{c['text']:.2f}" for n, c in r["windows"].items())
+        print(f"{name:28s} {r['mean_accept_length']:.3f} {r['interval_95']} {r['tracer_status']} "
+              f"drift {r['drift']}  crit/text {cells}")
     return 0
 
 

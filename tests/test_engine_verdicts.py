@@ -12,6 +12,7 @@ diagnosis workload): the severity follows what is served, and the report leads w
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,9 @@ def test_demo_ends_with_one_verdict_line(engines) -> None:
 
     caught = human([run("correct"), run("ids_shifted")], expect_miswired=True).splitlines()
     assert caught[-1].startswith("verdict: the draft as configured: ") and "fix this" not in caught[-1]
-    assert caught[-1].endswith("; the deliberate miswiring (ids_shifted) was caught")
+    # the miswiring with what it costs on these prompts, from the two runs' live acceptance
+    assert re.search(r"; the deliberate miswiring \(ids_shifted: accept length \d\.\d\d against \d\.\d\d as "
+                     r"configured, [+-]\d+ %\) was caught$", caught[-1]), caught[-1]
     assert exit_code([run("correct"), run("ids_shifted")], expect_miswired=True) == 0
     alone = human([run("ids_shifted")]).splitlines()
     assert alone[-1] == ("verdict: fix this before relying on speculation: set "

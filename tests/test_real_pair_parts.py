@@ -96,3 +96,17 @@ def test_a_train_set_carries_its_recipe_and_refuses_another(tmp_path: Path) -> N
     else:
         raise AssertionError("a train set made for another recipe was accepted")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_pair_profile_expects_what_held_out_text_reaches(real_pair) -> None:
+    """The demo's profile measures the expected acceptance on the held-out prompts' records (the
+    training data overstates live text): close to the held-out teacher-forced estimate, below the
+    training one."""
+    from hs_tracer.profile.model import Profile
+    from hs_tracer_testbed.demo import real_pair_profile
+
+    exp = Profile.load(real_pair_profile(real_pair)).expected_acceptance
+    draft = real_pair.load_manifest()["draft"]
+    assert exp is not None and exp.data == "held-out" and exp.sequences == draft["heldout"]["prompts"]
+    assert abs(exp.mean_accept_length - draft["heldout"]["expected_accept_length"]) < 0.3
+    assert exp.mean_accept_length < draft["expected_accept_length"] - 0.3

@@ -40,6 +40,7 @@ class BuildRequest:
     max_pieces: int | None = None
     skip_first: int | None = None
     expected_sequences: int = 64
+    expected_data: list[Path] | None = None
     measure_sequences: int = 8
     measure_tokens: int = 512
     no_progress: bool = False
@@ -115,6 +116,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=64,
         help="with --draft and --target: training sequences the draft runs on to measure its expected "
         "acceptance (default 64; 0: do not measure)",
+    )
+    b.add_argument(
+        "--expected-data",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="with --draft and --target: measure the expected acceptance on these dumps instead of the "
+        "profiled ones, e.g. held-out data of the training domain (what live text of that domain "
+        "reaches; the training data itself overstates it)",
     )
     b.add_argument(
         "--measure-sequences",
@@ -297,7 +307,8 @@ def build_profile_file(args: BuildRequest) -> int:
     profile.meta["training_vocab_map"] = expectation.training_vocab_map(args.sources[0])
     if args.draft and args.target and args.expected_sequences > 0:
         profile.meta["expected_acceptance"] = expectation.measure_or_note(
-            args.draft, args.target, args.sources, sequences=args.expected_sequences)
+            args.draft, args.target, args.expected_data or args.sources, sequences=args.expected_sequences,
+            held_out=bool(args.expected_data))
     if args.producer_version:
         profile.meta["producer_version"] = args.producer_version
     from hs_tracer.diagnosis.calibration import profile_findings

@@ -103,12 +103,13 @@ def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | 
                 "a fault downstream of the features causes it is decided once the draft's input statistics "
                 "are judged", details={"steps": live.steps, "features_match": True})]
         if max(scores) > th.text_drift:
-            return [_text_finding(live, b, scores, th)]
+            return [_text_finding(live, b, expected, scores, th)]
     rates = ", ".join(f"{r:.2f}" for r in live.per_position_rate)
     if b.expected is not None:
         exp_rates = ", ".join(f"{r:.2f}" for r in expected.per_position_rate[:len(live.per_position_rate)])
         what = (f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps, far below the "
-                f"{1 + b.expected:.2f} this draft reaches on its training data (per position [{rates}] vs "
+                f"{1 + b.expected:.2f} this draft reaches on {_measured_on(expected)} (per position "
+                f"[{rates}] vs "
                 f"[{exp_rates}])")
     else:
         what = (f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps with "
@@ -155,14 +156,19 @@ def _fmt(scores: Sequence[float]) -> str:
     return "[" + ", ".join(f"{d:.2f}" for d in scores) + "]"
 
 
-def _text_finding(live: Acceptance, b: AcceptanceBound, scores: list[float],
+def _measured_on(expected: ExpectedAcceptance | None) -> str:
+    held = expected is not None and expected.data == "held-out"
+    return "held-out data of its training domain" if held else "its training data"
+
+
+def _text_finding(live: Acceptance, b: AcceptanceBound, expected: ExpectedAcceptance, scores: list[float],
                   th: AcceptanceThresholds) -> Finding:
     """The collapse explained by the live text: a warning (nothing served is wrong)."""
     worst = max(range(len(scores)), key=scores.__getitem__)
     return Finding(
         Code.ACCEPTANCE_DROP, Severity.WARNING,
         f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps, far below the "
-        f"{1 + (b.expected or 0.0):.2f} this draft reaches on data of its training domain, while every slot "
+        f"{1 + (b.expected or 0.0):.2f} this draft reaches on {_measured_on(expected)}, while every slot "
         "is fed its trained source: the live text is unlike the draft's training data (the draft's input "
         f"statistics sit {scores[worst]:.1f} match levels from the training data's in slot {worst}, "
         f"beyond the {th.text_drift:g} that text like the training data stays within). A draft speculates "

@@ -52,6 +52,7 @@ class ExpectedAcceptance:
     d2t_sha256: str | None
     draft_flags: dict[str, bool] | None = None  # normalisation flags of the draft config measured
     method: str = METHOD
+    data: str = "training"  # what it was measured on: "training" (the profiled dump) or "held-out"
 
     @property
     def mean_accept_length(self) -> float:
@@ -232,13 +233,19 @@ def measure(
 
 
 def measure_or_note(draft_dir: str | Path, target_dir: str | Path, data: Sequence[str | Path], *,
-                    sequences: int = DEFAULT_SEQUENCES) -> dict[str, Any] | None:
+                    sequences: int = DEFAULT_SEQUENCES, held_out: bool = False) -> dict[str, Any] | None:
     """:func:`measure` for ``profile build``: the expectation as JSON, or None with one line on stderr
-    saying why it was not measured (the profile is still useful without it)."""
+    saying why it was not measured (the profile is still useful without it). ``held_out``: ``data``
+    is data of the training domain the draft was not trained on."""
     import sys
 
     try:
+        for root in data:
+            if not Path(root).is_dir():
+                raise FileNotFoundError(f"{root} is not a directory")
         exp = measure(draft_dir, target_dir, data, sequences=sequences)
+        if exp is not None and held_out:
+            exp.data = "held-out"
     except (ValueError, FileNotFoundError, NotImplementedError, KeyError) as exc:
         print(f"expected acceptance not measured: {exc}", file=sys.stderr)
         return None

@@ -121,9 +121,9 @@ class Profile:
         exp = m.get("expected_acceptance")
         if exp:
             rates = ", ".join(f"{r:.2f}" for r in exp["per_position_rate"])
+            data = exp.get("data", "training")
             lines.append(f"  expected acceptance: mean accept length {exp['mean_accept_length']:.2f}, per"
-                         " position"
-                         f" [{rates}] ({exp['rows']} rows of {exp['sequences']} training sequences)")
+                         f" position [{rates}] ({exp['rows']} rows of {exp['sequences']} {data} sequences)")
         if m.get("shards") and not m.get("complete", True):
             lines.append(f"  INCOMPLETE: shards {m['shards']} of {m['shard_count']}")
         return "\n".join(lines)

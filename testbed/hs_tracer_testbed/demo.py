@@ -132,18 +132,22 @@ def testbed_profile(tb: TestbedPaths) -> Path:
 
 
 def real_pair_profile(pair: PairPaths) -> Path:
-    """The same for the real-model pair (SmolLM2-135M-Instruct and its draft)."""
-    return build_profile(pair.root.parent / f"{pair.root.name}.profile.safetensors", pair.specforge_data,
-                         pair.draft, pair.target, pair.atlas_data)
+    """The same for the real-model pair (SmolLM2-135M-Instruct and its draft), its expected
+    acceptance measured on the held-out prompts of the training domain (kept inside the pair: a
+    rebuilt pair rebuilds it)."""
+    return build_profile(pair.root / "profile.safetensors", pair.specforge_data, pair.draft, pair.target,
+                         pair.atlas_data, expected_data=pair.heldout_data)
 
 
-def build_profile(out: Path, specforge_data: Path, draft: Path, target: Path, atlas: Path) -> Path:
+def build_profile(out: Path, specforge_data: Path, draft: Path, target: Path, atlas: Path,
+                  expected_data: Path | None = None) -> Path:
     """``hs-tracer profile build`` of a draft's SpecForge training data with an all-layer atlas, into
-    ``out`` unless it exists already."""
+    ``out`` unless it exists already (``expected_data``: where to measure the expected acceptance)."""
     if not out.exists():
         with redirect_stdout(sys.stderr):  # progress, not the demo's answer
-            code = build_profile_file(BuildRequest([specforge_data], out, draft=draft, target=target,
-                                                   atlas=atlas, no_progress=True))
+            code = build_profile_file(BuildRequest(
+                [specforge_data], out, draft=draft, target=target, atlas=atlas, no_progress=True,
+                expected_data=[expected_data] if expected_data is not None else None))
         if code != 0:
             raise RuntimeError(f"building the reference profile {out} failed (exit {code})")
     return out
@@ -271,8 +275,16 @@ def verdict(runs: list[Run], expect_miswired: bool) -> str:
     if missed:
         return (f"verdict: the draft as configured: {configured}; but hs_tracer missed the deliberate "
                 f"miswiring {', '.join(missed)} (it reported no critical finding): that is a bug to report")
-    caught = ", ".join(r.name.removeprefix("miswired: ") for r in runs[1:])
+    caught = ", ".join(r.name.removeprefix("miswired: ") + _cost(r, first) for r in runs[1:])
     return f"verdict: the draft as configured: {configured}; the deliberate miswiring ({caught}) was caught"
+
+
+def _cost(run: Run, configured: Run) -> str:
+    """What a miswiring costs on these prompts: its accept length against the configured draft's."""
+    a, b = ((r.diagnosis.get("acceptance") or {}).get("mean_accept_length") for r in (run, configured))
+    if not a or not b:
+        return ""
+    return f": accept length {a:.2f} against {b:.2f} as configured, {100 * (a - b) / b:+.0f} %"
 
 
 def exit_code(runs: list[Run], expect_miswired: bool) -> int:

@@ -127,6 +127,7 @@ def load_target(target_dir: Path) -> Any:
 PAIR_FORMAT = 3
 RECORD_BATCH = 32  # sequences per forward when a GPU makes the training records
 ASSETS = Path(__file__).parent / "assets_smollm2"
+HELDOUT_RESPONSES = "heldout_responses.json"  # the target's responses to the held-out prompts
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class PairPaths:
     target: Path
     draft: Path
     specforge_data: Path
+    heldout_data: Path  # SpecForge records of the held-out prompts: what the expected acceptance uses
     atlas_data: Path
     other_data: Path
     manifest: Path
@@ -190,7 +192,8 @@ class PairPaths:
     def under(cls, root: Path, target: Path) -> PairPaths:
         data = root / "data"
         return cls(root=root, target=target, draft=root / "draft", specforge_data=data / "specforge",
-                   atlas_data=data / "atlas", other_data=data / "other", manifest=root / "manifest.json")
+                   heldout_data=data / "heldout", atlas_data=data / "atlas", other_data=data / "other",
+                   manifest=root / "manifest.json")
 
     def load_manifest(self) -> dict[str, Any]:
         return json.loads(self.manifest.read_text())
@@ -222,7 +225,8 @@ class TrainSet:
 
 
 def prebuilt_assets(recipe: PairRecipe) -> Path | None:
-    """The committed draft (and the responses of its profile records) if ``recipe`` made them."""
+    """The committed draft (with the responses of its profile records and of the held-out prompts) if
+    ``recipe`` made them."""
     meta = ASSETS / "prebuilt.json"
     if meta.exists() and json.loads(meta.read_text()).get("recipe_hash") == recipe.digest():
         return ASSETS
@@ -238,7 +242,8 @@ def export_assets(trained: Path, recipe: PairRecipe, dest: Path = ASSETS) -> Pat
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(trained / "draft", dest / "draft")
-    shutil.copy(trained / "responses.json", dest / "responses.json")
+    for name in ("responses.json", HELDOUT_RESPONSES):
+        shutil.copy(trained / name, dest / name)
     meta = {"recipe_hash": recipe.digest(), "recipe": recipe.to_dict(), "draft": info["draft"],
             "trained": info["trained"]}
     (dest / "prebuilt.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -351,6 +356,26 @@ def _dump(paths: PairPaths, recipe: PairRecipe, model: Any, tokenizer: Any, plan
         })  # fmt: skip
 
 
+def _dump_heldout(paths: PairPaths, model: Any, tokenizer: Any, plan: dict[str, Any], heldout: list[str],
+                  responses: list[list[int]], progress: bool) -> None:  # fmt: skip
+    """SpecForge records of the held-out prompts + the target's responses: the data of the training
+    domain the draft never saw, on which the profile measures what acceptance live text reaches."""
+    from tqdm import tqdm
+
+    from hs_tracer_testbed import dumps
+
+    c_out = plan["specforge_c_out"]
+    pairs = list(zip(encode(tokenizer, heldout, 10**9), responses, strict=True))
+    for i, (p, r) in enumerate(tqdm(pairs, desc="dump held-out records", disable=not progress)):
+        st = dumps.layer_states(model, _tensor(p + r, model))
+        dumps.write_specforge(paths.heldout_data, i, st, c_out, _mask(len(p), len(r)))
+    dumps.write_sidecar(paths.heldout_data, {
+        "target": str(paths.target), "num_hidden_layers": plan["num_hidden_layers"], "dtype": "bfloat16",
+        "layout": "specforge", "layer_ids": c_out, "convention": "C_out", "sources": plan["aux_sources"],
+        "hidden_state": "final_norm", "records": len(pairs), "domain": "instruct_heldout",
+    })  # fmt: skip
+
+
 def expected_accept_length(entry: dict[str, float], steps: int) -> float:
     """Accept length a chain of ``steps`` draft tokens reaches if TTT step k's top-1 accuracy is the
     chance token k is accepted given the ones before it: 1 + p1 + p1*p2 + ..."""
@@ -387,9 +412,9 @@ def train_draft_dir(out_dir: Path, target: Path, recipe: PairRecipe, texts: Trai
     """Train the draft from scratch into ``out_dir`` (created): the target's responses to every
     training prompt, their SpecForge records (in memory), the draft trained on them, its accuracy
     teacher-forced on responses to held-out prompts. Writes ``draft/``, ``responses.json`` (the
-    profile records' responses) and ``trained.json``. Bit-reproducible on a CPU (one thread); on a
-    GPU (``device="cuda"``: minutes instead of hours) close, not bit-equal. The responses are cached
-    in ``cache`` (default: beside ``out_dir``)."""
+    profile records' responses), ``heldout_responses.json`` and ``trained.json``. Bit-reproducible on
+    a CPU (one thread); on a GPU (``device="cuda"``: minutes instead of hours) close, not bit-equal.
+    The responses are cached in ``cache`` (default: beside ``out_dir``)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -443,6 +468,7 @@ def train_draft_dir(out_dir: Path, target: Path, recipe: PairRecipe, texts: Trai
     (out_dir / "draft" / "train_log.json").write_text(json.dumps(log) + "\n")
     picked = profile_indices(recipe, len(responses))
     (out_dir / "responses.json").write_text(json.dumps({"responses": [responses[i] for i in picked]}) + "\n")
+    (out_dir / HELDOUT_RESPONSES).write_text(json.dumps({"responses": heldout_responses}) + "\n")
     tail = log[-3:]
     steps = recipe.draft.ttt_steps
     info = {
@@ -483,6 +509,7 @@ def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, pr
     shutil.copytree(assets / "draft", paths.draft)
     shutil.copy(assets / "responses.json", out_dir / "responses.json")
     responses = json.loads((assets / "responses.json").read_text())["responses"]
+    heldout = json.loads((assets / HELDOUT_RESPONSES).read_text())["responses"]
     with deterministic():
         t0 = time.perf_counter()
         model = load_target(target)
@@ -493,6 +520,7 @@ def build_pair(out_dir: Path, target: Path, recipe: PairRecipe | None = None, pr
         profile = [all_prompts[i] for i in profile_indices(recipe, len(all_prompts))]
         _dump(paths, recipe, model, tokenizer, plan, profile, responses, {"d2t": draft.d2t, "t2d": draft.t2d},
               progress)
+        _dump_heldout(paths, model, tokenizer, plan, prompts(recipe.heldout_prompts), heldout, progress)
         timings["dumps_s"] = round(time.perf_counter() - t0, 1)
     manifest = {
         "format": PAIR_FORMAT,
@@ -526,7 +554,8 @@ def ensure_pair(root: Path | None = None, recipe: PairRecipe | None = None, prog
         if not (final / "manifest.json").exists():
             return False
         built = json.loads((final / "manifest.json").read_text())
-        return not from_scratch or built.get("weights") == "trained"
+        has_heldout = PairPaths.under(final, target).heldout_data.is_dir()  # pairs built before it lack it
+        return has_heldout and (not from_scratch or built.get("weights") == "trained")
 
     if fresh():
         return PairPaths.under(final, target)

@@ -40,7 +40,7 @@ def test_batched_chain_equals_the_sequential_draft(testbed) -> None:
     from hs_tracer.draft.model import Eagle3Draft
 
     draft = Eagle3Draft.from_pretrained(testbed.draft, target_dir=testbed.target).eval()
-    feats, ids = next(training_sequences(testbed.specforge_data, 1))
+    feats, ids, _mask = next(training_sequences(testbed.specforge_data, 1))
     feats, ids = torch.from_numpy(feats), torch.from_numpy(ids)
     with torch.no_grad():
         hits = chain_accepted(draft, feats, ids, 3)

@@ -258,6 +258,10 @@ def test_ids_resolution_rules(testbed, tmp_path: Path) -> None:
     )
     assert main([*args, "--layer-ids", "1,x"]) == 2
     assert main([*args, "--shard", "3/3"]) == 2
+    # --expected-data: measured with the draft, on a directory that exists
+    assert main([*args, "--expected-data", str(testbed.specforge_data)]) == 2  # no --draft
+    assert main([*args, "--draft", str(testbed.draft), "--expected-data", str(tmp_path / "none")]) == 2
+    assert not (tmp_path / "p").exists()
     # the SGLang DeepSeek rule: draft ids [2,4,5] are kept as layers_to_capture -> blocks 1,3,4
     d = build.open_dump(
         testbed.specforge_data,

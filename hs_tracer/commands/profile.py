@@ -216,7 +216,13 @@ def _check_build_inputs(args: BuildRequest) -> None:
         check_target(args.target)
     if args.draft is not None:
         read_config(args.draft, "--draft", "draft")
-    check_output(args.output, "-o", inputs)
+    for held in args.expected_data or []:
+        if not (args.draft and args.target):
+            raise InputError("--expected-data", "the expected acceptance is measured with --draft and "
+                             "--target", "pass both, or leave --expected-data out")
+        if not held.is_dir():
+            raise InputError(held, "not a directory", "pass a SpecForge or speculators dump of held-out data")
+    check_output(args.output, "-o", [*inputs, *(args.expected_data or [])])
 
 
 def run_build(args: argparse.Namespace) -> int:

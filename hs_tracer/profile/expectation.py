@@ -12,7 +12,9 @@ own previous token at position ``p+s`` and attends to the extend context ``0..p`
 (what SGLang's draft KV cache holds). Draft position ``s`` counts as accepted when positions
 ``0..s`` all equal the data's tokens: the target's next tokens in the training data (SpecForge and
 speculators regenerate responses with the target). Rates are cumulative, as a live accept length
-counts them: ``mean accept length = 1 + sum(per_position_rate)``.
+counts them: ``mean accept length = 1 + sum(per_position_rate)``. Where the dump has a loss mask (SpecForge),
+only rows whose token ``p+1`` is a response token count: live decoding drafts responses, never the
+prompt (on the real pair's held-out records the prompt rows pull 2.66 down to 2.31).
 
 The profile also keeps the training data's own vocabulary map (SpecForge ``vocab_mapping.pt``) as
 a digest, so ``hs-tracer check --profile`` can tell a ``d2t`` that was regenerated after training.
@@ -118,8 +120,10 @@ def training_vocab_map(root: str | Path) -> dict[str, Any] | None:
 # Training sequences: (features [T, K*H] float32, token ids [T])
 # --------------------------------------------------------------------------------------------------
 
-def training_sequences(root: str | Path, limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Up to ``limit`` sequences spread evenly over a SpecForge or speculators dump (sorted files)."""
+def training_sequences(root: str | Path, limit: int
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:  # fmt: skip
+    """Up to ``limit`` sequences spread evenly over a SpecForge or speculators dump (sorted files):
+    features, token ids and, where the dump has one, the loss mask (1 on the response tokens)."""
     from hs_tracer.profile import readers
 
     reader = readers.detect(root)
@@ -131,13 +135,15 @@ def training_sequences(root: str | Path, limit: int) -> Iterator[tuple[np.ndarra
             aux = data["aux_hidden_state"]
             aux = aux[0] if aux.dim() == 3 else aux
             ids = data["input_ids"].reshape(-1)
-            yield aux.float().numpy(), ids.numpy().astype(np.int64)
+            mask = data.get("loss_mask")
+            mask = mask.reshape(-1).numpy() if mask is not None and mask.numel() == ids.numel() else None
+            yield aux.float().numpy(), ids.numpy().astype(np.int64), mask
         elif isinstance(reader, readers.SpeculatorsReader):
             hs, _final, ids = reader.load(file)
             if ids is None:
                 return
             t, layers, _h = hs.shape
-            yield hs[:, : layers - 1].reshape(t, -1).float().numpy(), ids.astype(np.int64)
+            yield hs[:, : layers - 1].reshape(t, -1).float().numpy(), ids.astype(np.int64), None
         else:
             return  # captures are live features, not training data
 
@@ -206,9 +212,11 @@ def measure(
     rows = seqs = 0
     with torch.no_grad():
         for root in data:
-            for feats, ids in training_sequences(root, sequences - seqs):
+            for feats, ids, mask in training_sequences(root, sequences - seqs):
                 hits = chain_accepted(draft, torch.from_numpy(feats), torch.from_numpy(ids), num_steps)
-                hits = hits[skip_first:]
+                hits = hits[skip_first:]  # row p drafts after token p + 1
+                if mask is not None:  # only rows that draft a response, as live decoding does
+                    hits = hits[torch.from_numpy(mask[1 + skip_first : 1 + skip_first + hits.shape[0]] > 0)]
                 accepted += hits.sum(0)
                 rows += int(hits.shape[0])
                 seqs += 1
@@ -240,9 +248,6 @@ def measure_or_note(draft_dir: str | Path, target_dir: str | Path, data: Sequenc
     import sys
 
     try:
-        for root in data:
-            if not Path(root).is_dir():
-                raise FileNotFoundError(f"{root} is not a directory")
         exp = measure(draft_dir, target_dir, data, sequences=sequences)
         if exp is not None and held_out:
             exp.data = "held-out"

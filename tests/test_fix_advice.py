@@ -209,7 +209,7 @@ def test_acceptance_drop_follows_what_the_features_say(profile) -> None:
     from hs_tracer.profile.model import Profile
 
     expected = Profile.load(profile).expected_acceptance
-    right = acceptance_findings(_collapse(), expected, features_match=True, drift=[0.2, 0.2, 0.2])
+    right = acceptance_findings(_collapse(), expected, features_match=True)
     assert _root(Report(findings=right), Code.ACCEPTANCE_DROP).startswith(
         "check the draft's d2t against the training data's map")
     unknown = acceptance_findings(_collapse(), None, features_match=None)

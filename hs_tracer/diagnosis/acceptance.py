@@ -12,24 +12,13 @@ below ``collapse_ratio`` times the expected ones:
 ``design`` inflates the variance for steps of one request being correlated (the same prompt makes a
 run of easy or hard steps). Without an expectation (a profile built without the draft), the same
 bound against ``floor`` (accept length 1 + floor) catches "speculation on, nothing accepted". The
-defaults are calibrated on the CPU testbed and on the real pair (docs/diagnosis.md: false alarms per
-text domain and window size, detection per fault).
-
-**The text or a fault.** A draft speculates worse on text unlike its training data with nothing
-wrong (the real pair: 2.6 on held-out chat, 1.4 on licence prose, same wiring). Where every slot is
-measured as its trained source, what is left to tell apart is the text from a fault downstream of the
-features (vocabulary map, norm flags, sampling). The draft's input statistics do that: each slot's
-drift score (its distance from the trained source's statistics in the profile, in match levels)
-stays low on text like the training data and grows with the change of text (the real pair: at most
-0.15 on held-out chat of its training domain, 0.97-2.6 on four other domains). Above
-``text_drift`` the collapse is the text's (a warning that names it); at or below it, a fault
-(critical). Until the statistics are judged, a collapse with the features right waits (info).
+defaults are calibrated on the CPU testbed and in real SGLang on the real pair (docs/diagnosis.md:
+false alarms per text domain, window size and load; detection per fault).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hs_tracer.findings import Acceptance, Code, Finding, Severity
@@ -43,7 +32,6 @@ class AcceptanceThresholds:
     floor: float = 0.2  # without an expectation: accept length certainly below 1.2
     z: float = 3.0
     design: float = 4.0  # variance inflation for steps correlated within a request
-    text_drift: float = 0.5  # a slot's drift score above this: the live text is unlike the training data
 
 
 @dataclass(frozen=True)
@@ -78,15 +66,13 @@ def bound(live: Acceptance, expected: ExpectedAcceptance | None,
 
 
 def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | None, *,
-                        features_match: bool | None = None, drift: Sequence[float | None] = (),
+                        features_match: bool | None = None,
                         th: AcceptanceThresholds | None = None) -> list[Finding]:
-    """``acceptance_drop`` when the window shows a collapse; nothing otherwise.
+    """``acceptance_drop`` (critical) when the window shows a collapse; nothing otherwise.
 
     ``features_match``: the live slots match the profile (True), do not (False), unknown (None). It
     decides what the finding says about the cause; the grouping in :mod:`hs_tracer.diagnosis.causes`
-    puts it under the wiring finding when the features are wrong. ``drift``: each slot's drift score
-    (empty: the statistics are not judged yet); with the features right it tells the text from a
-    fault (module docstring).
+    puts it under the wiring finding when the features are wrong.
     """
     th = th or AcceptanceThresholds()
     if live is None or live.steps < th.min_steps:
@@ -94,24 +80,12 @@ def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | 
     b = bound(live, expected, th)
     if not b.collapsed:
         return []
-    scores = [d for d in drift if d is not None]
-    if features_match is True and b.expected is not None:
-        if not scores:
-            return [Finding(
-                Code.INSUFFICIENT_DATA, Severity.INFO,
-                f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps is far below the "
-                f"{1 + b.expected:.2f} expected, with every slot fed its trained source; whether the text or "
-                "a fault downstream of the features causes it is decided once the draft's input statistics "
-                "are judged", details={"steps": live.steps, "features_match": True})]
-        if max(scores) > th.text_drift:
-            return [_text_finding(live, b, expected, scores, th)]
     rates = ", ".join(f"{r:.2f}" for r in live.per_position_rate)
     if b.expected is not None:
         exp_rates = ", ".join(f"{r:.2f}" for r in expected.per_position_rate[:len(live.per_position_rate)])
         what = (f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps, far below the "
                 f"{1 + b.expected:.2f} this draft reaches on {_measured_on(expected)} (per position "
-                f"[{rates}] vs "
-                f"[{exp_rates}])")
+                f"[{rates}] vs [{exp_rates}])")
     else:
         what = (f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps with "
                 "speculation on: "
@@ -121,22 +95,21 @@ def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | 
         cause = "; the draft is fed features it was not trained on (the wiring finding is the cause)"
         fix = "fix the wiring named by the slot/layer-id findings; acceptance follows"
     elif features_match is True:
-        like = (f" and the live text is like its training data (drift scores {_fmt(scores)}, within "
-                f"{th.text_drift:g})" if scores else "")
-        cause = (f"; the draft is fed the features it was trained on{like}, so the cause is downstream of "
-                 "them. In order of likelihood: (1) the vocabulary map: d2t missing, or regenerated so it no "
-                 "longer matches the lm_head rows (hs-tracer check --profile compares it with the training "
-                 "data's map); (2) normalisation flags (norm_before_fc, fc_norm, norm_output) the engine "
-                 "honours differently from the trainer (check compares them with the flags the expectation "
-                 "was measured with); (3) sampling: temperature > 0 or top-p/top-k lower acceptance without "
-                 "any fault (compare with a greedy request); (4) rows computed on other requests' tokens "
-                 "(per-slot statistics stay right; hs-tracer replay on a capture names it)")
+        cause = ("; the draft is fed the features it was trained on, so the cause is downstream of them. "
+                 "In order of likelihood: (1) the vocabulary map: d2t missing, or regenerated so it no "
+                 "longer "
+                 "matches the lm_head rows (hs-tracer check --profile compares it with the training data's "
+                 "map); (2) normalisation flags (norm_before_fc, fc_norm, norm_output) the engine honours "
+                 "differently from the trainer (check compares them with the flags the expectation was "
+                 "measured with); (3) sampling: temperature > 0 or top-p/top-k lower acceptance without "
+                 "any fault (compare with a greedy request); (4) prompts unlike the training data "
+                 "(feature_drift on the same slots); (5) rows computed on other requests' tokens (per-slot "
+                 "statistics stay right; hs-tracer replay on a capture names it)")
         fix = ("run `hs-tracer check --draft D --target T --profile P`: a d2t or norm-flag finding names the "
                "cause; if it reports none, replay a capture (hs-tracer replay) with a greedy request")
         if b.expected is None:
-            cause += ("; or (5) prompts unlike the training data, or the draft itself: the profile holds no "
-                      "expected acceptance, so text the draft speculates poorly on and a draft that never "
-                      "learned to speculate (too few training steps) cannot be told from these")
+            cause += ("; or (6) the draft itself: the profile holds no expected acceptance, so a draft that "
+                      "never learned to speculate (too few training steps) cannot be told from these")
             fix += "; build the profile with --draft to measure what this draft reaches on its training data"
     else:
         cause = ("; without a profile the features cannot be checked: a miswiring, a broken vocabulary map "
@@ -149,36 +122,8 @@ def acceptance_findings(live: Acceptance | None, expected: ExpectedAcceptance | 
         observed=f"{live.mean_accept_length:.2f}",
         details={"steps": live.steps, "accepted_per_step": round(b.accepted, 4),
                  "upper_bound": round(b.upper, 4), "limit": round(b.limit, 4),
-                 "features_match": features_match,
-                 **({"drift": [round(d, 3) for d in scores]} if scores else {})})]
+                 "features_match": features_match})]
 
 
-def _fmt(scores: Sequence[float]) -> str:
-    return "[" + ", ".join(f"{d:.2f}" for d in scores) + "]"
-
-
-def _measured_on(expected: ExpectedAcceptance | None) -> str:
-    held = expected is not None and expected.data == "held-out"
-    return "held-out data of its training domain" if held else "its training data"
-
-
-def _text_finding(live: Acceptance, b: AcceptanceBound, expected: ExpectedAcceptance, scores: list[float],
-                  th: AcceptanceThresholds) -> Finding:
-    """The collapse explained by the live text: a warning (nothing served is wrong)."""
-    worst = max(range(len(scores)), key=scores.__getitem__)
-    return Finding(
-        Code.ACCEPTANCE_DROP, Severity.WARNING,
-        f"mean accept length {live.mean_accept_length:.2f} over {live.steps} steps, far below the "
-        f"{1 + (b.expected or 0.0):.2f} this draft reaches on {_measured_on(expected)}, while every slot "
-        "is fed its trained source: the live text is unlike the draft's training data (the draft's input "
-        f"statistics sit {scores[worst]:.1f} match levels from the training data's in slot {worst}, "
-        f"beyond the {th.text_drift:g} that text like the training data stays within). A draft speculates "
-        "worse on such text; nothing is miswired",
-        fix=("nothing to fix in the serving; if this traffic is what the deployment serves, train the draft "
-             "on the target's responses to such prompts (and rebuild the profile from that data). A "
-             "downstream fault on top of it is not excluded: hs-tracer check --draft D --target T "
-             "--profile P compares the vocabulary map and norm flags with training"),
-        expected=f"{1 + (b.expected or 0.0):.2f}", observed=f"{live.mean_accept_length:.2f}",
-        details={"steps": live.steps, "accepted_per_step": round(b.accepted, 4),
-                 "upper_bound": round(b.upper, 4), "limit": round(b.limit, 4), "features_match": True,
-                 "drift": [round(d, 3) for d in scores], "cause": "feature_drift"})
+def _measured_on(expected: ExpectedAcceptance) -> str:
+    return "held-out data of its training domain" if expected.data == "held-out" else "its training data"

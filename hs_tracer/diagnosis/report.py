@@ -31,8 +31,7 @@ class Report:
             return "miswired"
         if codes == {Code.ACCEPTANCE_DROP} and all(f.details.get("features_match") is True for f in critical):
             return "acceptance"
-        if codes or any(f.code is Code.FEATURE_DRIFT or f.details.get("cause") == "feature_drift"
-                        for f in self.findings):
+        if codes or any(f.code is Code.FEATURE_DRIFT for f in self.findings):
             return "drift"
         if any(f.severity is Severity.WARNING for f in self.findings):
             return "warning"

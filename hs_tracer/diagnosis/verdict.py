@@ -255,8 +255,7 @@ def live_report(
         have = {f.details.get("flag") for f in findings if f.code is Code.NORM_FLAGS}
         findings += [f for f in check_norm_flags(draft_config, expected.draft_flags, engine, engine_version)
                      if f.details.get("flag") not in have]
-    findings += acceptance_findings(acceptance, expected, features_match=match,
-                                    drift=[s.drift for s in slots], th=thresholds)
+    findings += acceptance_findings(acceptance, expected, features_match=match, th=thresholds)
     return Report(slots=slots, acceptance=acceptance, findings=findings)
 
 

@@ -108,8 +108,9 @@ class SlotVerdict:
     measured_rows: int | None = None
     measured_runner_up_error: float | None = None
     rule: str | None = None  # the engine whose layer-id rule names a fed slot's source (None: SGLang)
-    # the statistics' distance from the trained source's in the profile, in match levels (matcher's
-    # drift score): above ~1 the live text sits beyond what the training data's own windows show
+    # the statistics' distance from the trained source's in the profile, in match levels (the
+    # matcher's drift score): low on text like the training data; other text and a collapse (verify
+    # rows of rejected draft tokens) raise it
     drift: float | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -117,7 +117,7 @@ def training_vocab_map(root: str | Path) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Training sequences: (features [T, K*H] float32, token ids [T])
+# Training sequences: (features [T, K*H] float32, token ids [T], loss mask [T] or None)
 # --------------------------------------------------------------------------------------------------
 
 def training_sequences(root: str | Path, limit: int

@@ -96,10 +96,16 @@ def test_live_report_names_what_is_fed_and_diagnose_on_its_capture_agrees(real_e
         return [(s["index"], s["expected_source"], s["observed_source"], s.get("candidates"))
                 for s in report["slots"]]
 
-    assert (offline["status"], code) == (live["status"], Report.from_json(live).exit_code)
-    # The live report measured every slot in the engine (HS_TRACER_IDENTITY_EVERY): each is named
-    # exactly. The capture holds no measurement: where its statistics cannot tell neighbouring deep
-    # layers apart, diagnose names none of them alone, and the measured source is among its candidates.
+    # The same exit code. The live report measured every slot in the engine (HS_TRACER_IDENTITY_EVERY):
+    # each is named exactly. The capture holds no measurement: where its statistics cannot tell
+    # neighbouring deep layers apart (a window of a few hundred prefill rows: how many depends on the
+    # engine's prefix-cache hits, i.e. on how the prompts were batched), diagnose names none of them
+    # alone, the measured source is among its candidates, and that ambiguity is a warning, never more.
+    assert code == Report.from_json(live).exit_code
+    unresolved = {f["code"] for f in offline["findings"] if f["severity"] == "warning"} == {
+        "slot_source_unresolved"}
+    assert offline["status"] == live["status"] or (live["status"], offline["status"], unresolved) == (
+        "ok", "warning", True), (live["status"], offline["findings"])
     assert all("measured_error" in s for s in live["slots"]), live["slots"]
     for got, want in zip(table(offline), table(live), strict=True):
         assert got == want or (got[:2] == want[:2] and got[2] == "unknown" and want[2] in got[3]), \

@@ -4,7 +4,7 @@
 # SGLANG picks the SGLang release (docs/versions.md): the newest supported one lives in .venv, any
 # other in .venv-sglang-<release>/ beside it (`make venv SGLANG=0.5.12`, `make demo SGLANG=0.5.12`).
 # `make test` runs the whole suite on the newest release, beside it on each release in CHECKED_SGLANG
-# the checks of its real classes, then on the releases in ENGINE_SGLANG their engine tests;
+# the checks of its real classes and on the releases in ENGINE_SGLANG their engine tests;
 # `make test SGLANG=V` runs only the release-dependent tests (checks and engine tests), on V.
 
 PYTHON ?= python3
@@ -54,7 +54,7 @@ RELEASE_CHECKS := tests/test_plugin.py::test_the_installed_releases_real_classes
 STAND_IN := testbed/hs_tracer_testbed/runtime/pythonpath
 # ENGINE=vllm picks vLLM (docs/vllm.md): it lives in its own venv, .venv-vllm/, because vLLM's CPU
 # build pins another torch than SGLang's (`make venv ENGINE=vllm`, `make demo ENGINE=vllm`). `make
-# test` runs the vLLM tests (tests/on_vllm, real vLLM engines on CPU) there after the SGLang suite.
+# test` runs the vLLM tests (tests/on_vllm, real vLLM engines on CPU) there beside the SGLang suite.
 ENGINE ?= sglang
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
@@ -150,13 +150,12 @@ ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	tests/infra/c_toolchain.sh $(BIN)/python
 ifneq ($(origin SGLANG),command line)
 	@# The suite in the foreground; beside it, one at a time (each mostly one single-threaded
-	@# process, the suite too), vLLM's venv, the real trainers' runs and every older release's layer
-	@# venv and checks, their output in $(TEST_LOGS)/ (tests/infra/alongside.sh). Then the engine
-	@# tests of the releases in ENGINE_SGLANG, one engine at a time, and the vLLM tests.
-	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm trainer-runs $(CHECKED_SGLANG:%=release-checks-%) \
+	@# process, the suite too), vLLM's venv, the real trainers' runs, the engine tests of the releases
+	@# in ENGINE_SGLANG, the vLLM tests (they read the trainers' runs) and every older release's layer
+	@# venv and checks, their output in $(TEST_LOGS)/ (tests/infra/alongside.sh).
+	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm trainer-runs \
+		$(ENGINE_SGLANG:%=release-engine-%) test-vllm $(CHECKED_SGLANG:%=release-checks-%) \
 		-- $(BIN)/python -m pytest
-	$(foreach v,$(ENGINE_SGLANG),$(MAKE) release-engine SGLANG=$(v) &&) true
-	$(MAKE) test-vllm
 else
 	$(BIN)/python -m pytest
 endif
@@ -177,6 +176,9 @@ release-engine: $(STAMP)
 
 release-checks-%:
 	$(MAKE) release-checks SGLANG=$*
+
+release-engine-%:
+	$(MAKE) release-engine SGLANG=$*
 
 # vLLM's venv as one make target, for `make test`'s background.
 venv-vllm: $(VLLM_STAMP)

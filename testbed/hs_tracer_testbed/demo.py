@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hs_tracer.commands.profile import BuildRequest, build_profile_file
+from hs_tracer_testbed.build import _locked
 
 if TYPE_CHECKING:
     from hs_tracer_testbed.build import TestbedPaths
@@ -142,14 +143,16 @@ def real_pair_profile(pair: PairPaths) -> Path:
 def build_profile(out: Path, specforge_data: Path, draft: Path, target: Path, atlas: Path,
                   expected_data: Path | None = None) -> Path:
     """``hs-tracer profile build`` of a draft's SpecForge training data with an all-layer atlas, into
-    ``out`` unless it exists already (``expected_data``: where to measure the expected acceptance)."""
-    if not out.exists():
-        with redirect_stdout(sys.stderr):  # progress, not the demo's answer
-            code = build_profile_file(BuildRequest(
-                [specforge_data], out, draft=draft, target=target, atlas=atlas, no_progress=True,
-                expected_data=[expected_data] if expected_data is not None else None))
-        if code != 0:
-            raise RuntimeError(f"building the reference profile {out} failed (exit {code})")
+    ``out`` unless it exists already (``expected_data``: where to measure the expected acceptance).
+    Concurrent callers (``make test`` runs engine tests beside the suite) wait on a file lock."""
+    with _locked(out.with_suffix(".lock")):
+        if not out.exists():
+            with redirect_stdout(sys.stderr):  # progress, not the demo's answer
+                code = build_profile_file(BuildRequest(
+                    [specforge_data], out, draft=draft, target=target, atlas=atlas, no_progress=True,
+                    expected_data=[expected_data] if expected_data is not None else None))
+            if code != 0:
+                raise RuntimeError(f"building the reference profile {out} failed (exit {code})")
     return out
 
 

@@ -72,7 +72,7 @@ BACKGROUND_MAKE = $(MAKE)
 RELEASE_ENGINE_TESTS := tests/test_release_engine.py tests/test_eagle_lossless.py \
 	tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged tests/test_faults_engine.py
 
-.PHONY: demo test test-fast test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine
+.PHONY: demo test test-fast test-unit test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.
@@ -149,13 +149,14 @@ ifeq ($(SGLANG),$(NEWEST_SGLANG))
 	@# A C compiler and Python headers: the tests build the probe's C graph-replay helper.
 	tests/infra/c_toolchain.sh $(BIN)/python
 ifneq ($(origin SGLANG),command line)
-	@# The suite in the foreground; beside it, one at a time (each mostly one single-threaded
-	@# process, the suite too), vLLM's venv, the real trainers' runs, the engine tests of the releases
-	@# in ENGINE_SGLANG, the vLLM tests (they read the trainers' runs) and every older release's layer
-	@# venv and checks, their output in $(TEST_LOGS)/ (tests/infra/alongside.sh).
-	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) venv-vllm trainer-runs \
+	@# The suite's engine tests in the foreground. Beside them (each mostly one single-threaded
+	@# process, the foreground too), in two lanes, their output in $(TEST_LOGS)/
+	@# (tests/infra/alongside.sh): the suite's other tests; and one at a time vLLM's venv, the real
+	@# trainers' runs, the engine tests of the releases in ENGINE_SGLANG, the vLLM tests (they read the
+	@# trainers' runs) and every older release's layer venv and checks.
+	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) test-unit + venv-vllm trainer-runs \
 		$(ENGINE_SGLANG:%=release-engine-%) test-vllm $(CHECKED_SGLANG:%=release-checks-%) \
-		-- $(BIN)/python -m pytest
+		-- $(BIN)/python -m pytest -m engine
 else
 	$(BIN)/python -m pytest
 endif
@@ -193,6 +194,11 @@ trainer-runs: $(STAMP) $(VLLM_STAMP)
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not engine"
+
+# The suite's tests without engines, as one lane of `make test`'s background (its own pytest process,
+# beside the engine tests).
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not engine"
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# Run a foreground command (the newest release's suite, its output live) while make runs the given
-# targets in the background, one after another, each target's output in LOGDIR/TARGET.log.
+# Run a foreground command (the newest release's engine tests, their output live) while make runs the
+# given targets in the background, each target's output in LOGDIR/TARGET.log: the targets of one lane
+# one after another, the lanes ("+" between them) side by side.
 #
-# Why: `make test` runs on a 2-core CI machine, and the suite keeps about one core busy (its engine
-# tests are mostly single-threaded Python in the scheduler process). The older releases' checks and
-# vLLM's venv need nothing from the suite, so they run beside it instead of after it; one target at a
-# time keeps that to about one more busy core.
+# Why: `make test` runs on a 2-core CI machine, and each pytest process keeps about one core busy (the
+# engine tests are mostly single-threaded Python in the scheduler process, the others in pytest's).
+# What needs nothing from the foreground (the suite's tests without engines, the older releases'
+# checks, vLLM's venv and tests) runs beside it instead of after it, one target at a time per lane.
 #
 # Every target runs even after one failed (each log says what went wrong). At the end each target's
 # result is printed: its log's last line, or its log's tail if it failed. Exit status: the
 # foreground's if it failed (the background is stopped then, as a process group of its own, and
 # waited for: nothing is left running); else 1 if a target failed; else 0.
 #
-# Usage: MAKE=make tests/infra/alongside.sh LOGDIR TARGET... -- COMMAND...
+# Usage: MAKE=make tests/infra/alongside.sh LOGDIR TARGET... [+ TARGET...]... -- COMMAND...
 set -uo pipefail
 
-usage() { echo "usage: MAKE=make $0 LOGDIR TARGET... -- COMMAND..." >&2; exit 2; }
+usage() { echo "usage: MAKE=make $0 LOGDIR TARGET... [+ TARGET...]... -- COMMAND..." >&2; exit 2; }
 [ $# -ge 1 ] || usage
 logdir=$1
 shift
-targets=()
+targets=() lanes=() lane=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
-    targets+=("$1")
+    if [ "$1" = + ]; then
+        [ ${#lane[@]} -gt 0 ] || usage
+        lanes+=("${lane[*]}")
+        lane=()
+    else
+        targets+=("$1")
+        lane+=("$1")
+    fi
     shift
 done
+[ ${#lane[@]} -gt 0 ] || usage
+lanes+=("${lane[*]}")
 [ $# -ge 2 ] || usage
 shift
 
@@ -40,22 +50,30 @@ run_targets() {
 
 rm -rf "$logdir"
 mkdir -p "$logdir"
-echo "in the background, one at a time: ${targets[*]} (output in $logdir/TARGET.log)"
-# setsid: a process group of its own, so that stopping it reaches every process it started.
-setsid bash -c "$(declare -f run_targets); run_targets \"\$@\"" run_targets "$logdir" "${MAKE:-make}" \
-    "${targets[@]}" </dev/null &
-background=$!
+background=()
+for lane in "${lanes[@]}"; do
+    echo "in the background, one at a time: $lane (output in $logdir/TARGET.log)"
+    # setsid: a process group of its own, so that stopping it reaches every process it started.
+    # shellcheck disable=SC2086 # a lane is its targets, split on spaces
+    setsid bash -c "$(declare -f run_targets); run_targets \"\$@\"" run_targets "$logdir" "${MAKE:-make}" \
+        $lane </dev/null &
+    background+=($!)
+done
 
 stop_background() {
-    [ -n "$background" ] || return 0
-    kill -TERM -- "-$background" 2>/dev/null
-    for _ in $(seq 50); do
-        kill -0 -- "-$background" 2>/dev/null || break
-        sleep 0.2
+    local pid
+    for pid in "${background[@]}"; do
+        kill -TERM -- "-$pid" 2>/dev/null
     done
-    kill -KILL -- "-$background" 2>/dev/null
-    wait "$background" 2>/dev/null
-    background=
+    for pid in "${background[@]}"; do
+        for _ in $(seq 50); do
+            kill -0 -- "-$pid" 2>/dev/null || break
+            sleep 0.2
+        done
+        kill -KILL -- "-$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    background=()
 }
 trap stop_background EXIT
 trap 'exit 130' INT
@@ -68,9 +86,11 @@ if [ "$status" != 0 ]; then
     exit "$status"
 fi
 
-[ -f "$logdir/${targets[-1]}.status" ] || echo "waiting for the background (${targets[*]})"
-wait "$background"
-background=
+for target in "${targets[@]}"; do
+    [ -f "$logdir/$target.status" ] || { echo "waiting for the background (${targets[*]})"; break; }
+done
+wait "${background[@]}"
+background=()
 
 # A log's summary: pytest's last line ("== 45 passed in 43.1s ==", without its rulers; warnings
 # printed at the interpreter's exit may follow it), else the last line that says something.

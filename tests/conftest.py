@@ -39,12 +39,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    from tests.engine_runs import count_starts
+    from tests.engine_runs import COSTS, count_starts
 
     counts = count_starts(Path(os.environ[_START_LOG]))
     if counts:
         per_file = ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
         terminalreporter.write_line(f"real engine starts (SGLang, vLLM): {sum(counts.values())} ({per_file})")
+    if COSTS:
+        terminalreporter.write_line("engine wall seconds (start, serve, stop): "
+                                    + "; ".join(cost.line() for cost in COSTS))
 
 
 @pytest.fixture(scope="session")

@@ -299,11 +299,13 @@ class Engines:
                "linger_s": spec.linger_s, "work": str(work), "metrics_ports": ports,
                "workloads": [workload(w).to_json() for w in spec.workloads]}
         (work / "job.json").write_text(json.dumps(job))
+        began = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "tests.engine_runs", str(work / "job.json")],
                               env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=1500)
         log = (work / "engine.log").read_text(errors="replace") if (work / "engine.log").exists() else ""
         assert proc.returncode == 0, f"engine {name} failed:\n{proc.stderr[-4000:]}\n{log[-6000:]}"
         out = json.loads((work / "result.json").read_text())
+        COSTS.append(EngineCost(name, time.monotonic() - began, out["seconds"]))
         return EngineResult(name, spec, work, out["workloads"], out["schedulers"], out["pid"], log)
 
 
@@ -317,10 +319,29 @@ def child_env() -> dict[str, str]:
 def run_tool(args: list[str], *, timeout_s: int = 1700, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     """A program that starts engines itself (``hs-tracer demo``, a benchmark), in a fresh interpreter
     with the same environment as the harness's engines; fails the test when it exits non-zero."""
+    began = time.monotonic()
     proc = subprocess.run([sys.executable, *args], env=child_env(), cwd=cwd, capture_output=True, text=True,
                           timeout=timeout_s)
+    COSTS.append(EngineCost(" ".join(args[:3]), time.monotonic() - began, {}))
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
     return proc
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """What one engine (or a program that starts its own) cost this session, in wall seconds: in all,
+    and inside the engine process its start, its workloads and its shutdown."""
+
+    name: str
+    wall_s: float
+    parts_s: dict[str, float]
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in self.parts_s.items())
+        return f"{self.name} {self.wall_s:.0f} s" + (f" ({parts})" if parts else "")
+
+
+COSTS: list[EngineCost] = []  # printed at the end of the session (tests/conftest.py), to see where time goes
 
 
 def count_starts(log: Path) -> dict[str, int]:
@@ -356,7 +377,9 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
     shape.update(job.get("parallel", {}))
     workloads: dict[str, dict[str, Any]] = {}
     verified = 0  # request-steps SGLang counted over the workloads so far (the report is cumulative)
+    began = time.monotonic()
     with output_to(work / "engine.log"), engine(job["target"], job["draft"], env=job["env"], **shape) as eng:
+        started_s = time.monotonic() - began
         for wl in job["workloads"]:
             key = "prompt" if isinstance(wl["prompts"][0], str) else "input_ids"
             sampling = {"temperature": 0.0, "max_new_tokens": wl["max_new_tokens"],
@@ -372,7 +395,10 @@ def _serve(job: dict[str, Any]) -> dict[str, Any]:
                 "metrics": {str(port): _scrape(port) for port in job.get("metrics_ports", [])}}
         time.sleep(job["linger_s"])
         schedulers = settled_reports(report_dir, verified) if job["traced"] else read_reports(report_dir)
-    return {"workloads": workloads, "schedulers": schedulers, "pid": os.getpid()}
+        served_s = time.monotonic() - began - started_s
+    return {"workloads": workloads, "schedulers": schedulers, "pid": os.getpid(),
+            "seconds": {"start": started_s, "serve": served_s, "stop": time.monotonic() - began - started_s
+                        - served_s}}
 
 
 if __name__ == "__main__":

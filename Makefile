@@ -191,9 +191,10 @@ trainer-runs: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -c "from hs_tracer_testbed.trainers import specforge, speculators; \
 		specforge.ensure_run(); speculators.ensure_checkpoint()"
 
-# The edit-test loop: every test except those that start real SGLang engines (marked `engine`).
+# The edit-test loop: every test except those that start real SGLang engines (marked `engine`) and
+# those that take tens of seconds without one (marked `slow`, tests/conftest.py).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not engine"
+	$(BIN)/python -m pytest -m "not engine and not slow"
 
 # The suite's tests without engines, as one lane of `make test`'s background (its own pytest process,
 # beside the engine tests).

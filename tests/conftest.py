@@ -20,6 +20,31 @@ _TESTBED_ROOT = str(Path(__file__).resolve().parents[1] / "testbed")
 _inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _TESTBED_ROOT]
 os.environ["PYTHONPATH"] = os.pathsep.join([_TESTBED_ROOT, *_inherited])
 
+# Tests without engines that take tens of seconds each on the 2-core machine (a real model's forward
+# passes, profile builds, fresh interpreters importing SGLang): marked `slow`, which `make test` runs
+# and `make test-fast` leaves out. A file, or a test of one.
+SLOW = (
+    "tests/test_measured_real.py",
+    "tests/test_identity_real.py",
+    "tests/test_real_pair_training.py",
+    "tests/test_real_pair_parts.py::test_the_pair_profile_expects_what_held_out_text_reaches",
+    "tests/test_profile_jobs.py::test_indexed_job_command_lines_run_locally_and_merge_to_the_single_build",
+    "tests/test_testbed_models.py::test_offline_accept_length_right_vs_wrong_layers",
+    "tests/test_profile.py::test_sharded_build_merges_to_the_single_build",
+    "tests/test_step_skip_sglang.py::test_each_step_counts_exactly_the_requests_sglang_commits",
+    "tests/test_spec_kernels.py::test_tree_kernels_match_sglang_triton_kernels",
+    "tests/test_export_process.py::test_export_process_never_outlives_its_scheduler",
+    "tests/test_fingerprint_triton.py",
+    "tests/test_gpu_standin.py::test_sitecustomize_applies_the_gpu_runtime_in_a_fresh_process",
+    "tests/test_acceptance.py::test_the_engine_record_and_the_statistics_each_keep_their_say",
+    "tests/test_export_process.py::test_export_process_writes_sglangs_multiprocess_metrics",
+    "tests/test_export_process.py::test_scheduler_exports_itself_when_the_export_process_cannot_start",
+    "tests/test_draft_model.py::test_matches_sglang_llama_eagle3",
+    "tests/test_engine_cpu.py::test_runtime_patches_act_on_real_sglang_and_keep_layers_native",
+    "tests/test_capture_bodies.py::test_capture_metadata_hooks_cover_every_model_body_of_the_release",
+    "tests/test_diagnosis.py::test_cli_diagnose_a_training_dump",
+)
+
 # Every real engine start of the session, by any program the tests run, appends a line here.
 _START_LOG = "TESTBED_ENGINE_START_LOG"
 _OWN_LOG = pytest.StashKey[Path]()
@@ -31,6 +56,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.close(fd)
         os.environ[_START_LOG] = path
         config.stash[_OWN_LOG] = Path(path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(SLOW) and not item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

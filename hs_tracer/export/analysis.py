@@ -127,13 +127,30 @@ class ExportSetup:
     metrics_port: int | None
     metrics_addr: str
     kernel_gpu_s: float | None = None  # the fingerprint kernel's GPU time per step, timed at warm-up
+    identity_off: str | None = None  # why same-token identity is not measured here (None: it is)
 
     def to_json(self) -> dict[str, Any]:
         return {"wiring": self.wiring.to_json(), "ranks": asdict(self.ranks),
                 "static_findings": [f.to_json() for f in self.static_findings],
                 "draft_config": self.draft_config, "profile": str(self.profile) if self.profile else None,
                 "span_sample": self.span_sample, "metrics_port": self.metrics_port,
-                "metrics_addr": self.metrics_addr, "kernel_gpu_s": self.kernel_gpu_s}
+                "metrics_addr": self.metrics_addr, "kernel_gpu_s": self.kernel_gpu_s,
+                "identity_off": self.identity_off}
+
+    def checks_off(self, profile: Profile | None) -> dict[str, str]:
+        """The checks that cannot run in this process, each with the reason (``profile``: the loaded
+        reference profile, None without a usable one). A server with any is partly unwatched: the
+        metric ``hs_tracer_check_active`` and its alert say so."""
+        unusable = next((f.code.value for f in self.static_findings
+                         if f.code in (Code.PROFILE_MISMATCH, Code.PROFILE_UNREADABLE)), None)
+        off: dict[str, str] = {}
+        if profile is None:
+            off["slots"] = off["acceptance"] = unusable or "no_profile"
+        elif profile.expected_acceptance is None:
+            off["acceptance"] = "profile_without_expected_acceptance"
+        if self.identity_off is not None:
+            off["identity"] = self.identity_off
+        return off
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExportSetup:
@@ -141,7 +158,8 @@ class ExportSetup:
                    static_findings=Report.from_json({"findings": d["static_findings"]}).findings,
                    draft_config=d["draft_config"], profile=Path(d["profile"]) if d["profile"] else None,
                    span_sample=d["span_sample"], metrics_port=d["metrics_port"],
-                   metrics_addr=d["metrics_addr"], kernel_gpu_s=d.get("kernel_gpu_s"))
+                   metrics_addr=d["metrics_addr"], kernel_gpu_s=d.get("kernel_gpu_s"),
+                   identity_off=d.get("identity_off"))
 
 
 @dataclass
@@ -219,6 +237,7 @@ class Analysis:
         self._reported_at = 0.0
         self._dirty = False
         self.cost = OwnCost()
+        self.checks_off: dict[str, str] = {}  # check -> why it is off here (ExportSetup.checks_off)
 
     def start(self) -> None:
         """Load the profile and start the exporters (Prometheus serves from here on)."""
@@ -243,6 +262,11 @@ class Analysis:
             self._prom.record_finding(f)
         if s.kernel_gpu_s is not None:
             self._prom.record_kernel_gpu(s.kernel_gpu_s)
+        self.checks_off = s.checks_off(self.profile)
+        self._prom.record_checks(self.checks_off)
+        if self.checks_off:
+            logger.warning("hs_tracer: not checked in this process: %s", "; ".join(
+                f"{check} ({reason})" for check, reason in self.checks_off.items()))
         if spans_configured():
             self._otel = OtelExporter(s.wiring.model, s.ranks, sample=s.span_sample)
             self._otel.record_wiring(s.wiring)
@@ -394,6 +418,7 @@ class Analysis:
             if (f.code, f.slot) not in static and key not in self._exported_findings:
                 self._exported_findings.add(key)
                 self._prom.record_finding(f)
+        self._prom.record_root_causes(report.root_causes())
         with self._report_lock:
             self.report = report
         h = self.health
@@ -416,6 +441,7 @@ class Analysis:
             out = self.report.to_json()
         out["windows"] = self.window_reports
         out["profile"] = str(self.setup.profile) if self.setup.profile else None
+        out["checks_off"] = dict(self.checks_off)
         out["measured_identity"] = None if self.measured is None else {
             "samples": self.identity_samples, "slots": [m.to_json() for m in self.measured]}
         return out

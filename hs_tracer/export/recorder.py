@@ -153,7 +153,8 @@ def export_setup(st: SchedulerSide, probe: FingerprintProbe | None = None) -> Ex
                        draft_config=dict(st.draft_config),
                        profile=c.profile if st.profile_fits else None, span_sample=c.span_sample,
                        metrics_port=c.metrics_port, metrics_addr=c.metrics_addr,
-                       kernel_gpu_s=getattr(probe, "kernel_gpu_s", None))
+                       kernel_gpu_s=getattr(probe, "kernel_gpu_s", None),
+                       identity_off="HS_TRACER_IDENTITY_EVERY=0" if c.identity_every == 0 else None)
 
 
 class Recorder(threading.Thread):

@@ -103,8 +103,7 @@ class TracerState(core.TracerState):
         self.static_findings = static.check_wiring(live, trained)
         if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
             self.static_findings.insert(0, unfit)
-        for f in self.static_findings:
-            logger.warning("hs_tracer: %s", f.one_line())
+        self.log_startup_findings()
         if self.emitting:
             # the line that proves the startup hooks ran (docs/deploy.md quotes it)
             r = self.ranks

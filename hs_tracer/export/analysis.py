@@ -262,6 +262,7 @@ class Analysis:
             self._prom.record_finding(f)
         if s.kernel_gpu_s is not None:
             self._prom.record_kernel_gpu(s.kernel_gpu_s)
+        self._prom.record_root_causes(self.report.root_causes())  # a startup miswiring pages before traffic
         self.checks_off = s.checks_off(self.profile)
         self._prom.record_checks(self.checks_off)
         if self.checks_off:
@@ -395,7 +396,8 @@ class Analysis:
         drift = [m.drift_score for m in latest.matches]
         slots, _ = judge_slots(self.setup.static_findings, judged, self.measured,  # as the report names them
                                dict(enumerate(self.profile.sources)), engine_layers_checked=True)
-        self._prom.record_slots(slots, drift)
+        margins = {v.index: v.margin for v in judged.slots if v.margin is not None}
+        self._prom.record_slots(slots, drift, margins)
         if self._otel is not None:
             self._otel.record_slots(slots)
         self.judged = judged

@@ -521,8 +521,11 @@ class PrometheusExporter:
                 self._position(num_draft_tokens - 2)
             self._slot_children(len(w.sources) - 1)
 
-    def record_slots(self, verdicts: Sequence[SlotVerdict], drift: Sequence[float] = ()) -> None:
-        """Publish the latest slot identification and drift; ``drift[i]`` belongs to slot i."""
+    def record_slots(self, verdicts: Sequence[SlotVerdict], drift: Sequence[float] = (),
+                     margins: Mapping[int, float] | None = None) -> None:
+        """Publish the latest slot identification and drift; ``drift[i]`` belongs to slot i. ``margins``:
+        the statistics' margin per slot, also where a measurement named the slot (default: the
+        verdicts' own)."""
         m, b = self._m, self._base
         with self._lock:
             for v in verdicts:
@@ -536,8 +539,9 @@ class PrometheusExporter:
                                           observed_source=v.observed_source).set(v.score)
                 self._slot_series[v.index] = series
                 m.slot_mismatch.labels(**b, slot=slot).set(float(v.expected_source != v.observed_source))
-                if v.margin is not None:
-                    m.slot_match_margin.labels(**b, slot=slot).set(v.margin)
+                margin = v.margin if margins is None else margins.get(v.index)
+                if margin is not None:
+                    m.slot_match_margin.labels(**b, slot=slot).set(margin)
                 if v.measured_error is not None:
                     m.slot_measured_error.labels(**b, slot=slot).set(v.measured_error)
                 if v.measured_runner_up_error is not None:

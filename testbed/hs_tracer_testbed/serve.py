@@ -32,7 +32,8 @@ CONFIGURED = "configured"
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m hs_tracer_testbed.serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hs_tracer_testbed.serve",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--draft", default=CONFIGURED, choices=[CONFIGURED, *SCENARIOS],
                    help="the trained draft as configured (default) or a miswired copy of it")
     p.add_argument("--profile", default=None, metavar="PATH|none",
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     if profile != "none":
         env["HS_TRACER_PROFILE"] = profile
     with tempfile.TemporaryDirectory(prefix="hs-tracer-serve-") as tmp:
-        draft = tb.draft if args.draft == CONFIGURED else write_variant(tb.draft, Path(tmp) / "draft", args.draft)
+        draft = (tb.draft if args.draft == CONFIGURED
+                 else write_variant(tb.draft, Path(tmp) / "draft", args.draft))
         prepare_process(env)
         from sglang.srt.entrypoints.http_server import launch_server
         from sglang.srt.server_args import ServerArgs

@@ -66,13 +66,16 @@ class Server:
     def instance(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def generate(self, prompts: list[str], max_new_tokens: int) -> None:
-        body = json.dumps({"text": prompts, "sampling_params": {"max_new_tokens": max_new_tokens,
-                                                                "temperature": 0.0}}).encode()
+    def generate(self, prompts: list[str] | str, max_new_tokens: int, stream: bool = False) -> None:
+        """One request to SGLang's /generate (streamed: SGLang observes inter-token latency only
+        between the chunks of a streamed answer)."""
+        body = json.dumps({"text": prompts, "stream": stream, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0.0}}).encode()
         req = urllib.request.Request(f"http://{self.instance}/generate", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as resp:
             assert resp.status == 200
+            resp.read()
 
     def up(self) -> bool:
         if self.proc.poll() is not None:
@@ -190,6 +193,8 @@ def drill(testbed, tmp_path_factory: pytest.TempPathFactory, small_profile: Path
         for seed in (1, 2, 3):  # enough rows for a diagnosis window; the first prefill is measured
             for s in servers.values():
                 s.generate(prompts(seed=seed, n=8), 40)
+        for s in servers.values():
+            s.generate(prompts(seed=4, n=1)[0], 24, stream=True)
         d = Drill(servers, prom, am, receiver)
         wait_until(lambda: d.pages(MISWIRED) and d.pages(BLIND), 180, "the miswiring's and the blind "
                    "server's pages", interval_s=1.0)

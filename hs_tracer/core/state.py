@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
 from hs_tracer.diagnosis.causes import group
 from hs_tracer.export.capture import CaptureSink
-from hs_tracer.export.recorder import Recorder
 from hs_tracer.export.report_file import ReportFile
 from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.profile.model import OTHER_MODEL_FIX, Profile, ProfileError, other_model
@@ -38,7 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass
 class TracerState(abc.ABC):
-    """What every engine's hooks fill in and the recorder reads (``export.recorder.SchedulerSide``)."""
+    """What every engine's hooks fill in and the recorder reads (``core.recorder.SchedulerSide``)."""
 
     config: TracerConfig
     enabled: bool = True

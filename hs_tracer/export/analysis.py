@@ -24,18 +24,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
+from hs_tracer.diagnosis.identity import diagnose_detailed
 from hs_tracer.diagnosis.report import Report
-from hs_tracer.diagnosis.same_token import MeasuredSlot
+from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, MeasuredSlot, identify
+from hs_tracer.diagnosis.verdict import judge_slots, live_report
 from hs_tracer.export.batch import step_digest
 from hs_tracer.export.digest_join import DigestJoin
+from hs_tracer.export.otel import OtelExporter, spans_configured
+from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
 from hs_tracer.findings import Acceptance, Code, Finding
 from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
+from hs_tracer.profile.model import Profile
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
     from hs_tracer.export.batch import StepBatch
-    from hs_tracer.profile.model import Profile
 
 logger = logging.getLogger("hs_tracer")
 
@@ -241,13 +246,8 @@ class Analysis:
 
     def start(self) -> None:
         """Load the profile and start the exporters (Prometheus serves from here on)."""
-        from hs_tracer.export.otel import OtelExporter, spans_configured
-        from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
-
         s = self.setup
         if s.profile is not None:
-            from hs_tracer.profile.model import Profile
-
             self.profile = Profile.load(s.profile)
         port = metrics_port_for(s.ranks, s.metrics_port)
         self._prom = PrometheusExporter(s.wiring.model, s.ranks, port=port, addr=s.metrics_addr,
@@ -358,10 +358,6 @@ class Analysis:
         [R, K, D]): pooled with the latest samples of the same candidates, then each slot is named by
         what its rows equal (:func:`hs_tracer.diagnosis.same_token.identify`, exact tolerance: inside
         the engine slot and candidate rows are the same tensors' values)."""
-        import torch
-
-        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify
-
         names = list(names)
         if not names or slots.size == 0:
             return
@@ -381,9 +377,6 @@ class Analysis:
         """Judge everything seen so far against the profile (the wiring does not change while a
         process runs, so more tokens only sharpen the verdict); the drift score is that of the
         windows closed since the previous diagnosis."""
-        from hs_tracer.diagnosis.identity import diagnose_detailed
-        from hs_tracer.diagnosis.verdict import judge_slots
-
         if self.profile is None or self.live is None:
             return
         width = self.health.input_width
@@ -406,8 +399,6 @@ class Analysis:
         """The verdict over static findings, the latest diagnosis and acceptance so far
         (:func:`hs_tracer.diagnosis.verdict.live_report`); new findings go to Prometheus once; the
         health metrics follow."""
-        from hs_tracer.diagnosis.verdict import live_report
-
         s = self.setup
         # the static checks compared the engine's own layers_to_capture with the profile at startup
         report = live_report(s.static_findings, self.judged, self.acceptance.summary(), self.profile,

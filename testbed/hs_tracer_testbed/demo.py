@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.commands.profile import BuildRequest, build_profile_file
+from hs_tracer.profile_builder import BuildRequest, build_profile_file
 from hs_tracer_testbed.realtext import question_of
 
 if TYPE_CHECKING:

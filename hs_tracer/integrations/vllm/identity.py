@@ -1,10 +1,8 @@
 """Same-token layer identity inside vLLM (the engine-neutral sampler: :mod:`hs_tracer.core.identity`).
 
-What is sampled. One in ``HS_TRACER_IDENTITY_EVERY`` eager forwards of the target's model body
-(prefill, verify and mixed batches alike: vLLM runs them as one forward), never a forward under
-CUDA-graph capture or torch.compile (vLLM's compiled body never calls this Python: with compilation
-on, nothing is sampled). Up to ``ROWS`` rows are picked, spread over the forward's token count (the
-shape of its ``positions``, known on the host). For those rows:
+What is sampled. One in ``HS_TRACER_IDENTITY_EVERY`` forwards of the target's model body (prefill,
+verify and mixed batches alike: vLLM runs them as one forward), eager or compiled. Up to ``ROWS``
+rows are picked, spread over the forward's token count (known on the host). For those rows:
 
 * ``embedding`` .. ``block:N-2``: each decoder layer's inputs as the residual stream
   (``hidden_states + residual``; the embedding enters the first layer with no residual), the value
@@ -12,9 +10,24 @@ shape of its ``positions``, known on the host). For those rows:
 * ``block:N-1``: the last layer's returned ``(hidden_states, residual)`` summed;
 * ``final_norm`` and the slots: what the body returns (its output and its aux hidden-state list).
 
-Cost: an unsampled forward pays one wrapper call on the body and a countdown check; the layers carry
-a wrapper only during a sampled forward. Only the emitting rank samples (the layers' inputs need no
-channel that other ranks must pass alike); a model split over pipeline stages is not sampled (the
+Eager (``enforce_eager``): the layers carry a wrapper only during a sampled forward; an unsampled
+forward pays one wrapper call on the body and a countdown check.
+
+Compiled (vLLM's default: its ``support_torch_compile`` body traced by Dynamo once): each decoder
+layer keeps a wrapper that Dynamo inlines; it hands the layer's ``hidden_states`` and ``residual``
+to :data:`OP` (``hs_tracer::layer_input``), a ``torch.library`` custom op registered as having a side
+effect, so the compiler keeps the call in the graph instead of eliminating it. The op's body is
+host Python that runs at every execution of the compiled graph: at the first layer it decides
+whether this forward is sampled (the countdown), and only then takes its rows (no sum of the full
+tensors in the graph). The last layer's outputs go through the op too (``block:N-1``); the final
+norm and the slots are read from what the compiled body returns, in the body's wrapper (vLLM calls
+the body through its own ``forward`` attribute once compiled). An unsampled forward pays one op
+call per layer (a dispatcher call and a countdown check) and keeps ``hidden_states`` and
+``residual`` of each layer as buffers the op can read. Under CUDA graphs the op runs at capture
+only, never at replay: a replayed forward is not sampled (:func:`graphs_note`).
+
+Only the emitting rank samples (the layers' inputs need no channel that other ranks must pass
+alike); a model split over pipeline stages is not sampled (the
 aux states of earlier stages arrive from another process).
 """
 
@@ -26,11 +39,34 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.fx
 
 from hs_tracer import sources
-from hs_tracer.core.identity import LayerIdentity, installed, spread
+from hs_tracer.core.identity import LayerIdentity, input_source, installed, spread
 
 logger = logging.getLogger("hs_tracer")
+
+
+OP_NAME = "hs_tracer::layer_input"
+_SAMPLER: IdentitySampler | None = None  # the op's receiver in this process (one target body)
+
+
+def _layer_input(hidden_states: torch.Tensor, residual: torch.Tensor | None, layer: int) -> None:
+    """``hs_tracer::layer_input``: layer ``layer``'s inputs (``layer == N``: the last layer's
+    outputs) handed over by the compiled graph; host Python, run at each execution of the graph."""
+    sampler = _SAMPLER
+    if sampler is not None:
+        sampler.layer_input(hidden_states, residual, layer)
+
+
+def op() -> Any:
+    """The custom op (registered once per process, before the body is compiled)."""
+    if not hasattr(torch.ops, "hs_tracer") or not hasattr(torch.ops.hs_tracer, "layer_input"):
+        registered = torch.library.custom_op(OP_NAME, mutates_args=())(_layer_input)
+        registered.register_fake(lambda hidden_states, residual, layer: None)
+        # nothing reads its (empty) result: without this the compiler's dead-code pass drops it
+        torch.fx.node.has_side_effect(torch.ops.hs_tracer.layer_input.default)
+    return torch.ops.hs_tracer.layer_input.default
 
 
 def layer_style(forward: Callable[..., Any]) -> str | None:
@@ -40,23 +76,50 @@ def layer_style(forward: Callable[..., Any]) -> str | None:
     return "inputs" if "hidden_states" in params and "residual" in params else None
 
 
+def compiled(body: Any) -> bool:
+    """vLLM compiles this body (``support_torch_compile`` with compilation on)."""
+    return getattr(body, "do_not_compile", True) is False
+
+
+def graphs_note(compilation_config: Any, device: Any) -> str | None:
+    """Why some forwards are not sampled on this runner: vLLM replays CUDA graphs (None: none)."""
+    mode = getattr(compilation_config, "cudagraph_mode", None)
+    if torch.device(device).type != "cuda" or mode is None or str(getattr(mode, "name", mode)) == "NONE":
+        return None
+    return (f"cudagraph_mode {getattr(mode, 'name', mode)}: a forward vLLM replays from a CUDA graph is not "
+            "sampled (the sampler's host code runs at capture only); forwards vLLM runs without a graph are")
+
+
 class IdentitySampler(LayerIdentity):
     """Samples one vLLM target model body (module docstring); a wrapper on the body's ``forward``
-    opens the sample and hands the body's result over."""
+    opens the sample (eager) and hands the body's result over (eager and compiled)."""
+
+    mode = "eager"
+    graphs: str | None = None
 
     def layer_style(self, forward: Callable[..., Any]) -> str | None:
         return layer_style(forward)
 
     def install(self, keep_first: bool = False) -> bool:
+        global _SAMPLER
         if not super().install(keep_first):
             return False
         forward = self.body.forward
-        compiling = torch.compiler.is_compiling
+        is_compiling = torch.compiler.is_compiling
+        compiled_body = compiled(self.body)
+        if compiled_body:
+            self.mode = "compiled"
+            tap = op()
+            for i, (layer, _prior, _eager) in enumerate(self._taps, start=self.start):
+                layer.forward = self._compiled_layer(i, layer.forward, tap)
+            self._taps = []
+            _SAMPLER = self
 
         def body_forward(*args: Any, **kwargs: Any) -> Any:
-            if compiling():  # traced by torch.compile: folds away
+            if is_compiling():  # traced by torch.compile: folds away
                 return forward(*args, **kwargs)
-            self._begin(kwargs["positions"] if "positions" in kwargs else args[1])
+            if not compiled_body:
+                self._begin(int((kwargs["positions"] if "positions" in kwargs else args[1]).shape[-1]))
             result = forward(*args, **kwargs)
             if self.active is not None:
                 self.finish(result)
@@ -66,7 +129,37 @@ class IdentitySampler(LayerIdentity):
         self.body.forward = body_forward
         return True
 
-    def _begin(self, positions: Any) -> None:
+    def _compiled_layer(self, i: int, forward: Callable[..., Any], tap: Any) -> Callable[..., Any]:
+        """Layer ``i``'s wrapper for the compiled body: its inputs (and the last layer's outputs)
+        through the op; Dynamo inlines it (no ``inspect`` inside: the argument positions are read now)."""
+        params = list(inspect.signature(forward).parameters)
+        at_h, at_r = params.index("hidden_states"), params.index("residual")
+        last = i == self.end - 1 and self.end == self.num_layers
+
+        def layer_forward(*args: Any, **kwargs: Any) -> Any:
+            hidden = args[at_h] if len(args) > at_h else kwargs["hidden_states"]
+            residual = args[at_r] if len(args) > at_r else kwargs.get("residual")
+            tap(hidden, residual, i)
+            out = forward(*args, **kwargs)
+            if last:
+                tap(out[0], out[1], i + 1)
+            return out
+
+        layer_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+        return layer_forward
+
+    def layer_input(self, hidden: torch.Tensor, residual: torch.Tensor | None, layer: int) -> None:
+        """The op's host side: the first layer decides whether this forward is sampled."""
+        if layer == self.start:
+            self._begin(int(hidden.shape[0]))
+        if self.active is None:
+            return
+        if layer < self.num_layers:
+            self._take_inputs(input_source(layer), hidden, residual)
+        else:
+            self._take_inputs(str(sources.Source.block_output(layer - 1)), hidden, residual)
+
+    def _begin(self, tokens: int) -> None:
         """Is this forward sampled? (a countdown check unless it is)"""
         self._close_stale()
         if self._off():
@@ -77,7 +170,7 @@ class IdentitySampler(LayerIdentity):
         try:
             if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 return
-            rows = spread(int(positions.shape[-1]))
+            rows = spread(tokens)
             if rows:
                 self._open(rows)
         except Exception as exc:
@@ -96,8 +189,11 @@ class IdentitySampler(LayerIdentity):
         else:
             self.no_last_block += 1
 
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), "mode": self.mode, "graphs": self.graphs}
 
-def install(st: Any, body: Any) -> IdentitySampler | None:
+
+def install(st: Any, body: Any, compilation_config: Any = None) -> IdentitySampler | None:
     """The sampler for the target's model body, its layers wrapped (None when off, or for a body
     this module cannot sample: logged once). An error of the sampler's own later switches tracing
     off; serving goes on with the layers as vLLM calls them."""
@@ -113,4 +209,9 @@ def install(st: Any, body: Any) -> IdentitySampler | None:
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target["device"], st.target["dtype"], record=st.emitting,
                               fail=lambda exc: st.fail("layer identity", exc), tracing=lambda: st.enabled)
-    return installed(sampler)
+    sampler = installed(sampler)
+    if sampler is not None:
+        sampler.graphs = graphs_note(compilation_config, st.target["device"])
+        if sampler.graphs:
+            logger.warning("hs_tracer: in-engine layer identity: %s", sampler.graphs)
+    return sampler

@@ -137,3 +137,28 @@ def test_nothing_is_sampled_once_another_hooks_failure_switched_tracing_off() ->
         assert torch.equal(out[0], want[0])
         assert all("forward" not in layer.__dict__ for layer in body.layers)
     assert sampler.sampled == 1 and sampler.landed() == [] and sampler.failed is None
+
+
+def test_a_compiled_body_is_sampled_through_the_op_the_compiler_keeps() -> None:
+    """vLLM's default: the body compiled (``do_not_compile`` False). The layers keep wrappers that
+    Dynamo inlines; their op survives AOTAutograd's dead-code pass (nothing reads its result) and
+    its host side samples one forward in ``every``, as the eager path does; the compiled forward's
+    results are unchanged."""
+    body = Body((0, 2, 5))
+    body.do_not_compile = False
+    reference = Body((0, 2, 5))
+    reference.load_state_dict(body.state_dict())
+    sampler = _sampler(body, every=2)
+    assert sampler.mode == "compiled" and all("forward" in layer.__dict__ for layer in body.layers)
+    compiled = torch.compile(Body.forward.__get__(body), backend="aot_eager", fullgraph=True, dynamic=True)
+    measured = []
+    for seed, n in enumerate((13, 9, 21)):
+        ids = torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            out, want = compiled(ids, torch.arange(n)), reference(ids, torch.arange(n))
+        assert torch.allclose(out[0], want[0], atol=1e-5)
+        if sampler.active is not None:  # what the body's wrapper does with the compiled result
+            sampler.finish(out)
+            measured.append(_measure(sampler))
+    assert sampler.sampled == sampler.recorded == 2
+    assert measured == [["embedding", "block:1", "block:4"]] * 2

@@ -54,7 +54,8 @@ def run(spec: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
             tail = (proc.stdout + proc.stderr)[-6000:]
             raise RuntimeError(f"the vLLM engine run failed (exit {proc.returncode}):\n{tail}")
         out = json.loads(out_path.read_text())
-        out["log"] = (proc.stdout + proc.stderr)[-20000:]
+        log = proc.stdout + proc.stderr  # its start (what vLLM set up) and its end
+        out["log"] = log if len(log) <= 40000 else f"{log[:20000]}\n[...]\n{log[-20000:]}"
         return out
 
 

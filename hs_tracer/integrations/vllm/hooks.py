@@ -93,7 +93,7 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     if use_aux and st.steps is not None:  # the emitting rank's tracer is running: measure the slots
         from hs_tracer.integrations.vllm import identity
 
-        st.identity = identity.install(st, _body(runner.model), runner.compilation_config)
+        st.identity = identity.install(st, _body(runner.model), runner.compilation_config, runner.model)
         st.write_report()
 
 
@@ -137,20 +137,47 @@ def _config_dict(hf_config: Any) -> dict[str, Any]:
 
 # ---- per step --------------------------------------------------------------------------------------
 @hook
-def before_propose(st: TracerState, _runner: Any, scheduler_output: Any, *_a: Any, **_k: Any) -> None:
+def before_propose(st: TracerState, runner: Any, scheduler_output: Any, *_a: Any, **_k: Any) -> None:
     """The step whose drafts are proposed now: its SchedulerOutput carries the step number that the
-    draft-input hook assigns to the scheduler's result processing."""
+    draft-input hook assigns to the scheduler's result processing; the rows at position 0 (the
+    first row of each new request with nothing computed yet) are found on the host."""
     st.proposing = scheduler_output
+    st.first_rows = _first_rows(runner, scheduler_output)
+
+
+def _first_rows(runner: Any, scheduler_output: Any) -> list[int]:
+    """Rows of this step's batch at position 0 (host lists only: the batch's request order and its
+    query start offsets)."""
+    new = [r.req_id for r in scheduler_output.scheduled_new_reqs if r.num_computed_tokens == 0]
+    if not new:
+        return []
+    index, starts = runner.input_batch.req_id_to_index, runner.query_start_loc.np
+    return sorted(int(starts[index[rid]]) for rid in new if rid in index)
+
+
+def segments_without(rows: list[int], total: int) -> list[tuple[int, int]]:
+    """``[0, total)`` without ``rows`` (sorted), as row ranges."""
+    out, start = [], 0
+    for row in rows:
+        if row > start:
+            out.append((start, min(row, total)))
+        start = row + 1
+    if start < total:
+        out.append((start, total))
+    return [(a, b) for a, b in out if a < b]
 
 
 @hook
 def before_combine_hidden_states(st: TracerState, _draft: Any, hidden_states: Any) -> None:
-    """The ``[tokens, K*H]`` target states the draft's fc reads this step (prefill and decode rows of
-    the batch): one probe launch, numbered on the step's SchedulerOutput."""
+    """The ``[tokens, K*H]`` target states the draft's fc reads this step (prefill and decode rows
+    of the batch): probe launches, numbered on the step's SchedulerOutput. The windows leave out the
+    rows at position 0, as SGLang's and the profiles do (their statistics differ)."""
     steps, carrier = st.steps, st.proposing
     if steps is not None and carrier is not None:
         st.proposing = None  # one observation per step
-        steps.observe_decode(hidden_states, carrier)
+        rows, st.first_rows = st.first_rows, []
+        segments = segments_without(rows, int(hidden_states.shape[0])) if rows else None
+        steps.observe_decode(hidden_states, carrier, segments=segments)
 
 
 @hook

@@ -20,8 +20,9 @@ effect, so the compiler keeps the call in the graph instead of eliminating it. T
 host Python that runs at every execution of the compiled graph: at the first layer it decides
 whether this forward is sampled (the countdown), and only then takes its rows (no sum of the full
 tensors in the graph). The last layer's outputs go through the op too (``block:N-1``); the final
-norm and the slots are read from what the compiled body returns, in the body's wrapper (vLLM calls
-the body through its own ``forward`` attribute once compiled). An unsampled forward pays one op
+norm and the slots are read from what the compiled body returns, in a wrapper on the ``forward`` of
+the model that calls it (vLLM calls a compiled body through an ahead-of-time compiled function or
+its class's swapped code, never through an instance attribute of the body). An unsampled forward pays one op
 call per layer (a dispatcher call and a countdown check) and keeps ``hidden_states`` and
 ``residual`` of each layer as buffers the op can read. Under CUDA graphs the op runs at capture
 only, never at replay: a replayed forward is not sampled (:func:`graphs_note`).
@@ -69,6 +70,18 @@ def op() -> Any:
     return torch.ops.hs_tracer.layer_input.default
 
 
+def _cache_key(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """The body's ``forward`` unchanged, under another name: vLLM keys its compile cache on the name
+    of the body's ``forward``, and a graph compiled without the op (tracing off) must never be loaded
+    for a traced body, nor the reverse."""
+
+    def traced_body_forward(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    traced_body_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+    return traced_body_forward
+
+
 def layer_style(forward: Callable[..., Any]) -> str | None:
     """``inputs`` for a decoder layer that takes ``hidden_states`` and ``residual`` (vLLM's loops
     capture their sum before calling it), else None (no identity for this model)."""
@@ -92,10 +105,11 @@ def graphs_note(compilation_config: Any, device: Any) -> str | None:
 
 class IdentitySampler(LayerIdentity):
     """Samples one vLLM target model body (module docstring); a wrapper on the body's ``forward``
-    opens the sample (eager) and hands the body's result over (eager and compiled)."""
+    (compiled: on the ``outer`` model's) opens the sample (eager) and hands the body's result over."""
 
     mode = "eager"
     graphs: str | None = None
+    outer: Any = None  # the model whose forward calls the body (compiled: its wrapper reads the result)
 
     def layer_style(self, forward: Callable[..., Any]) -> str | None:
         return layer_style(forward)
@@ -104,9 +118,10 @@ class IdentitySampler(LayerIdentity):
         global _SAMPLER
         if not super().install(keep_first):
             return False
-        forward = self.body.forward
         is_compiling = torch.compiler.is_compiling
         compiled_body = compiled(self.body)
+        host = self.outer if compiled_body and self.outer is not None else self.body
+        forward = host.forward
         if compiled_body:
             self.mode = "compiled"
             tap = op()
@@ -126,7 +141,9 @@ class IdentitySampler(LayerIdentity):
             return result
 
         body_forward.__wrapped__ = forward  # type: ignore[attr-defined]
-        self.body.forward = body_forward
+        host.forward = body_forward
+        if host is not self.body:
+            self.body.forward = _cache_key(self.body.forward)
         return True
 
     def _compiled_layer(self, i: int, forward: Callable[..., Any], tap: Any) -> Callable[..., Any]:
@@ -193,7 +210,7 @@ class IdentitySampler(LayerIdentity):
         return {**super().status(), "mode": self.mode, "graphs": self.graphs}
 
 
-def install(st: Any, body: Any, compilation_config: Any = None) -> IdentitySampler | None:
+def install(st: Any, body: Any, compilation_config: Any = None, outer: Any = None) -> IdentitySampler | None:
     """The sampler for the target's model body, its layers wrapped (None when off, or for a body
     this module cannot sample: logged once). An error of the sampler's own later switches tracing
     off; serving goes on with the layers as vLLM calls them."""
@@ -209,6 +226,7 @@ def install(st: Any, body: Any, compilation_config: Any = None) -> IdentitySampl
     sampler = IdentitySampler(body, every, st.target["num_layers"], st.target["hidden_size"], len(layers),
                               st.target["device"], st.target["dtype"], record=st.emitting,
                               fail=lambda exc: st.fail("layer identity", exc), tracing=lambda: st.enabled)
+    sampler.outer = outer if outer is not body else None
     sampler = installed(sampler)
     if sampler is not None:
         sampler.graphs = graphs_note(compilation_config, st.target["device"])

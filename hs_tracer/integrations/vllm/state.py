@@ -47,6 +47,7 @@ class TracerState(core.TracerState):
     """A vLLM process that runs the model: the step whose drafts are proposed, the accounting in flight."""
 
     proposing: Any = None  # the SchedulerOutput of the step whose drafts are being proposed
+    first_rows: list[int] = field(default_factory=list)  # its batch's rows at position 0
     # (request id, accept length) of the step vLLM's scheduler is accounting right now
     pending: list[tuple[str, int]] = field(default_factory=list)
     identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)

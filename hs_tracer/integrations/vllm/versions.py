@@ -57,7 +57,10 @@ FAMILIES: tuple[ReleaseFamily, ...] = (
                         "compilation_config.cudagraph_mode")),
             # per step: the step number rides on vLLM's SchedulerOutput to the scheduler's result
             Hook(f"{_RUNNER}.propose_draft_token_ids", "before", f"{_HOOKS}:before_propose",
-                 Phase.STEP, ("scheduler_output",), ("scheduler_output.total_num_scheduled_tokens",)),
+                 Phase.STEP, ("scheduler_output",),
+                 ("scheduler_output.scheduled_new_reqs", "scheduled_new_reqs.req_id",
+                  "scheduled_new_reqs.num_computed_tokens", "input_batch.req_id_to_index",
+                  "query_start_loc.np")),
             *(Hook(f"{cls}.combine_hidden_states", "before", f"{_HOOKS}:before_combine_hidden_states",
                    Phase.STEP, ("hidden_states",)) for cls in DRAFT_CLASSES),
             # per step, multi-process executor: the core numbers each step on the SchedulerOutput it

@@ -80,3 +80,23 @@ def test_vllms_decoder_layers_take_the_inputs_the_identity_sampler_reads() -> No
 
     for cls in (LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer):
         assert layer_style(cls.forward) == "inputs", cls
+
+
+def test_the_windows_leave_out_each_new_prompts_first_row() -> None:
+    """A step's batch in vLLM's order: a new request with nothing computed starts at position 0 (left
+    out, as SGLang's windows and the profiles do); one with a prefix-cache hit does not."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hs_tracer.integrations.vllm.hooks import _first_rows, segments_without
+
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_id_to_index={"a": 0, "b": 1, "c": 2}),
+                             query_start_loc=SimpleNamespace(np=np.array([0, 4, 9, 10])))
+    new = [SimpleNamespace(req_id="c", num_computed_tokens=0),
+           SimpleNamespace(req_id="b", num_computed_tokens=16)]
+    rows = _first_rows(runner, SimpleNamespace(scheduled_new_reqs=new))
+    assert rows == [9]
+    assert segments_without(rows, 10) == [(0, 9)]
+    assert segments_without([0, 4], 10) == [(1, 4), (5, 10)]
+    assert segments_without([], 3) == [(0, 3)]

@@ -77,8 +77,7 @@ BACKGROUND_MAKE = $(MAKE)
 RELEASE_ENGINE_TESTS := tests/test_release_engine.py tests/test_eagle_lossless.py \
 	tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged tests/test_faults_engine.py
 
-.PHONY: demo test test-fast test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine \
-	$(OLD_VLLM:%=vllm-release-checks-%)
+.PHONY: demo test test-fast test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.

@@ -15,21 +15,21 @@ forward pays one wrapper call on the body and a countdown check.
 
 Compiled (vLLM's default: its ``support_torch_compile`` body traced by Dynamo once): each decoder
 layer keeps a wrapper that Dynamo inlines; it hands the layer's ``hidden_states`` and ``residual``
-to :data:`OP` (``hs_tracer::layer_input``), a ``torch.library`` custom op registered as having a side
-effect, so the compiler keeps the call in the graph instead of eliminating it. The op's body is
+to ``hs_tracer::layer_input`` (:func:`op`), a ``torch.library`` custom op registered as having a
+side effect, so the compiler keeps the call in the graph instead of eliminating it. The op's body is
 host Python that runs at every execution of the compiled graph: at the first layer it decides
 whether this forward is sampled (the countdown), and only then takes its rows (no sum of the full
 tensors in the graph). The last layer's outputs go through the op too (``block:N-1``); the final
 norm and the slots are read from what the compiled body returns, in a wrapper on the ``forward`` of
 the model that calls it (vLLM calls a compiled body through an ahead-of-time compiled function or
-its class's swapped code, never through an instance attribute of the body). An unsampled forward pays one op
-call per layer (a dispatcher call and a countdown check) and keeps ``hidden_states`` and
-``residual`` of each layer as buffers the op can read. Under CUDA graphs the op runs at capture
-only, never at replay: a replayed forward is not sampled (:func:`graphs_note`).
+its class's swapped code, never through an instance attribute of the body). An unsampled forward
+pays one op call per layer (a dispatcher call and a countdown check) and keeps ``hidden_states``
+and ``residual`` of each layer as buffers the op can read. Under CUDA graphs the op runs at
+capture only, never at replay: a replayed forward is not sampled (:func:`graphs_note`).
 
 Only the emitting rank samples (the layers' inputs need no channel that other ranks must pass
-alike); a model split over pipeline stages is not sampled (the
-aux states of earlier stages arrive from another process).
+alike); a model split over pipeline stages is not sampled (the aux states of earlier stages arrive
+from another process).
 """
 
 from __future__ import annotations

@@ -14,17 +14,18 @@ Eager (``enforce_eager``): the layers carry a wrapper only during a sampled forw
 forward pays one wrapper call on the body and a countdown check.
 
 Compiled (vLLM's default: its ``support_torch_compile`` body traced by Dynamo once): each decoder
-layer keeps a wrapper that Dynamo inlines; it hands the layer's ``hidden_states`` and ``residual``
-to ``hs_tracer::layer_input`` (:func:`op`), a ``torch.library`` custom op registered as having a
-side effect, so the compiler keeps the call in the graph instead of eliminating it. The op's body is
+layer's ``input_layernorm`` keeps a wrapper that Dynamo inlines; it hands the residual stream
+entering the layer (the sum the norm returns, a value the graph stores anyway: the compiler's
+fusions, and so the served tokens, stay as they are) to ``hs_tracer::layer_input`` (:func:`op`), a
+``torch.library`` custom op registered as having a side effect, so the compiler keeps the call in
+the graph instead of eliminating it. The op's body is
 host Python that runs at every execution of the compiled graph: at the first layer it decides
 whether this forward is sampled (the countdown), and only then takes its rows (no sum of the full
-tensors in the graph). The last layer's outputs go through the op too (``block:N-1``); the final
+tensors in the graph). The final norm's sum goes through the op too (``block:N-1``); the final
 norm and the slots are read from what the compiled body returns, in a wrapper on the ``forward`` of
 the model that calls it (vLLM calls a compiled body through an ahead-of-time compiled function or
 its class's swapped code, never through an instance attribute of the body). An unsampled forward
-pays one op call per layer (a dispatcher call and a countdown check) and keeps ``hidden_states``
-and ``residual`` of each layer as buffers the op can read. Under CUDA graphs the op runs at
+pays one op call per layer (a dispatcher call and a countdown check). Under CUDA graphs the op runs at
 capture only, never at replay: a replayed forward is not sampled (:func:`graphs_note`).
 
 Only the emitting rank samples (the layers' inputs need no channel that other ranks must pass
@@ -82,6 +83,19 @@ def _cache_key(forward: Callable[..., Any]) -> Callable[..., Any]:
     return traced_body_forward
 
 
+def _tapped_norm(forward: Callable[..., Any], tap: Any, layer: int) -> Callable[..., Any]:
+    """A residual norm's ``forward`` (vLLM's ``RMSNorm``: ``(x, residual)`` -> ``(normed, x +
+    residual)``; no residual: ``x`` is the stream) that hands the op the stream it sums."""
+
+    def tapped_norm_forward(x: Any, residual: Any = None, *args: Any, **kwargs: Any) -> Any:
+        out = forward(x, residual, *args, **kwargs)
+        tap(x if residual is None else out[1], None, layer)
+        return out
+
+    tapped_norm_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+    return tapped_norm_forward
+
+
 def layer_style(forward: Callable[..., Any]) -> str | None:
     """``inputs`` for a decoder layer that takes ``hidden_states`` and ``residual`` (vLLM's loops
     capture their sum before calling it), else None (no identity for this model)."""
@@ -123,11 +137,10 @@ class IdentitySampler(LayerIdentity):
         host = self.outer if compiled_body and self.outer is not None else self.body
         forward = host.forward
         if compiled_body:
+            if not self._compiled_taps(op()):
+                return False
             self.mode = "compiled"
-            tap = op()
-            for i, (layer, _prior, _eager) in enumerate(self._taps, start=self.start):
-                layer.forward = self._compiled_layer(i, layer.forward, tap)
-            self._taps = []
+            self._taps = []  # the eager path's layer wrappers: not used
             _SAMPLER = self
 
         def body_forward(*args: Any, **kwargs: Any) -> Any:
@@ -146,24 +159,20 @@ class IdentitySampler(LayerIdentity):
             self.body.forward = _cache_key(self.body.forward)
         return True
 
-    def _compiled_layer(self, i: int, forward: Callable[..., Any], tap: Any) -> Callable[..., Any]:
-        """Layer ``i``'s wrapper for the compiled body: its inputs (and the last layer's outputs)
-        through the op; Dynamo inlines it (no ``inspect`` inside: the argument positions are read now)."""
-        params = list(inspect.signature(forward).parameters)
-        at_h, at_r = params.index("hidden_states"), params.index("residual")
-        last = i == self.end - 1 and self.end == self.num_layers
-
-        def layer_forward(*args: Any, **kwargs: Any) -> Any:
-            hidden = args[at_h] if len(args) > at_h else kwargs["hidden_states"]
-            residual = args[at_r] if len(args) > at_r else kwargs.get("residual")
-            tap(hidden, residual, i)
-            out = forward(*args, **kwargs)
-            if last:
-                tap(out[0], out[1], i + 1)
-            return out
-
-        layer_forward.__wrapped__ = forward  # type: ignore[attr-defined]
-        return layer_forward
+    def _compiled_taps(self, tap: Any) -> bool:
+        """Wrappers for the compiled body that Dynamo inlines (no ``inspect`` inside): each decoder
+        layer's ``input_layernorm`` hands the op the residual stream entering the layer (the first
+        layer's input, else the sum the norm returns), the body's final ``norm`` the sum it returns
+        (``block:N-1``). Values the graph stores anyway, so the compiler's fusions stay as they are.
+        False for a body without these norms."""
+        layers = [self.body.layers[i] for i in range(self.start, self.end)]
+        final = getattr(self.body, "norm", None)
+        if final is None or not all(hasattr(layer, "input_layernorm") for layer in layers):
+            return False
+        for i, layer in enumerate(layers, start=self.start):
+            layer.input_layernorm.forward = _tapped_norm(layer.input_layernorm.forward, tap, i)
+        final.forward = _tapped_norm(final.forward, tap, self.num_layers)
+        return True
 
     def layer_input(self, hidden: torch.Tensor, residual: torch.Tensor | None, layer: int) -> None:
         """The op's host side: the first layer decides whether this forward is sampled."""
@@ -171,10 +180,8 @@ class IdentitySampler(LayerIdentity):
             self._begin(int(hidden.shape[0]))
         if self.active is None:
             return
-        if layer < self.num_layers:
-            self._take_inputs(input_source(layer), hidden, residual)
-        else:
-            self._take_inputs(str(sources.Source.block_output(layer - 1)), hidden, residual)
+        name = input_source(layer) if layer < self.num_layers else str(sources.Source.block_output(layer - 1))
+        self._take_inputs(name, hidden, residual)
 
     def _begin(self, tokens: int) -> None:
         """Is this forward sampled? (a countdown check unless it is)"""

@@ -60,6 +60,11 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := $(VLLM_BIN)/python -m pip
+# The vLLM CPU release before the newest, whose checks (the version guard against its real classes,
+# its layer-id rules against its own code: VLLM_RELEASE_CHECKS) run beside `make test` in a layer
+# over .venv-vllm that holds only that release's vLLM and its own pins (requirements/vllm-<release>.txt).
+OLD_VLLM := 0.31.0
+VLLM_RELEASE_CHECKS := tests/on_vllm/test_vllm_plugin.py tests/on_vllm/test_vllm_public_drafts.py
 # Where `make test` keeps the output of what it runs beside the suite, a log per make target, and
 # the make that runs them (named through a variable of its own, so that `make -n test` only prints
 # that line, as for any command that is not a sub-make).
@@ -94,6 +99,21 @@ $(VLLM_STAMP): pyproject.toml testbed/pyproject.toml requirements/vllm.txt
 	@$(VLLM_PIP) install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . -e testbed \
 		$(VLLM_LOGGED)
 	@touch $@
+
+# An older vLLM release: a layer over .venv-vllm (its torch, ~1 GB, is the same pin), reading the
+# rest from .venv-vllm's site-packages listed after its own; about a minute (one 130 MB wheel).
+.venv-vllm-%/.installed: $(VLLM_STAMP) requirements/vllm-%.txt
+	@test -x .venv-vllm-$*/bin/python || $(PYTHON) -m venv --without-pip .venv-vllm-$*
+	@echo "installing vLLM $* into .venv-vllm-$*, a layer over $(VLLM_VENV) (output in .venv-vllm-$*/install.log)"
+	@echo "import site; site.addsitedir('$$($(VLLM_BIN)/python -c "$(PURELIB)")')" \
+		> "$$(.venv-vllm-$*/bin/python -c "$(PURELIB)")/zz_hs_tracer_vllm_layer.pth"
+	@$(VLLM_PIP) --python .venv-vllm-$*/bin/python install --quiet --disable-pip-version-check --no-deps \
+		--no-compile -r requirements/vllm-$*.txt >> .venv-vllm-$*/install.log 2>&1 || \
+		{ tail -n 40 .venv-vllm-$*/install.log; exit 1; }
+	@touch $@
+
+vllm-release-checks-%: .venv-vllm-%/.installed
+	.venv-vllm-$*/bin/python -m pytest -p no:cacheprovider $(VLLM_RELEASE_CHECKS)
 
 $(STAMP): pyproject.toml testbed/pyproject.toml requirements/lock.txt requirements/no-deps.txt $(RELEASE_PINS)
 	@test -n "$(filter $(SGLANG),$(NEWEST_SGLANG) $(OLD_SGLANG))" || \
@@ -171,9 +191,11 @@ ifneq ($(origin SGLANG),command line)
 	@# process, the foreground too), in two lanes, their output in $(TEST_LOGS)/
 	@# (tests/infra/alongside.sh): the suite's other tests; and one at a time vLLM's venv, the real
 	@# trainers' runs, the engine tests of the releases in ENGINE_SGLANG, the vLLM tests (they read the
-	@# trainers' runs) and every older release's layer venv and checks.
+	@# trainers' runs), every older SGLang release's layer venv and checks and the older vLLM
+	@# release's.
 	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) test-unit + venv-vllm trainer-runs \
 		$(ENGINE_SGLANG:%=release-engine-%) test-vllm $(CHECKED_SGLANG:%=release-checks-%) \
+		$(OLD_VLLM:%=vllm-release-checks-%) \
 		-- $(BIN)/python -m pytest -m engine
 else
 	$(BIN)/python -m pytest
@@ -232,4 +254,4 @@ lock:
 	mv requirements/lock.txt.new requirements/lock.txt
 
 clean:
-	rm -rf .venv .venv-sglang-* $(VLLM_VENV) .venv-specforge .venv-speculators .cache
+	rm -rf .venv .venv-sglang-* $(VLLM_VENV) .venv-vllm-* .venv-specforge .venv-speculators .cache

@@ -431,7 +431,7 @@ def _vllm_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
 
-VLLM_LAYER_ID_RULES: tuple[VLLMLayerIdRules, ...] = (VLLMLayerIdRules("0.32.0", "0.32.0"),)
+VLLM_LAYER_ID_RULES: tuple[VLLMLayerIdRules, ...] = (VLLMLayerIdRules("0.31.0", "0.32.0"),)
 NEWEST_VLLM = VLLM_LAYER_ID_RULES[-1].last
 
 # Where vLLM found the ids it used (VLLMCapture.key).

@@ -19,16 +19,29 @@ from hs_tracer.integrations.vllm.state import TracerState
 H, LAYERS = 96, 5  # wider than the projection (64 dims)
 
 
+class Norm(nn.Module):
+    """Like vLLM's ``RMSNorm``: with a residual, it returns the normalised sum and the sum."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        s = x if residual is None else x + residual
+        normed = s / (s.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        return normed if residual is None else (normed, s)
+
+
 class Layer(nn.Module):
     def __init__(self, i: int) -> None:
         super().__init__()
         self.lin = nn.Linear(H, H)
+        self.input_layernorm = Norm()
         torch.nn.init.normal_(self.lin.weight, std=0.3, generator=torch.Generator().manual_seed(i))
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        residual = hidden_states if residual is None else hidden_states + residual
-        return torch.tanh(self.lin(residual)), residual
+        if residual is None:
+            residual, hidden_states = hidden_states, self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        return torch.tanh(self.lin(hidden_states)), residual
 
 
 class Body(nn.Module):
@@ -38,7 +51,7 @@ class Body(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(100, H)
         self.layers = nn.ModuleList(Layer(i) for i in range(LAYERS))
-        self.norm = nn.LayerNorm(H)
+        self.norm = Norm()
         self.aux_hidden_state_layers = aux
         self.shift = shift or (lambda ids: ids)
 
@@ -52,7 +65,8 @@ class Body(nn.Module):
             h, residual = layer(positions, h, residual)
             if i + 1 in wanted:
                 aux.append(h + residual)
-        return self.norm(h + residual), aux
+        h, _ = self.norm(h, residual)
+        return h, aux
 
 
 def _sampler(body: Body, every: int = 1, errors: list[BaseException] | None = None) -> IdentitySampler:
@@ -137,3 +151,30 @@ def test_nothing_is_sampled_once_another_hooks_failure_switched_tracing_off() ->
         assert torch.equal(out[0], want[0])
         assert all("forward" not in layer.__dict__ for layer in body.layers)
     assert sampler.sampled == 1 and sampler.landed() == [] and sampler.failed is None
+
+
+def test_a_compiled_body_is_sampled_through_the_op_the_compiler_keeps() -> None:
+    """vLLM's default: the body compiled (``do_not_compile`` False). The layers' input norms and the
+    final norm keep wrappers that Dynamo inlines; their op survives AOTAutograd's dead-code pass
+    (nothing reads its result) and
+    its host side samples one forward in ``every``, as the eager path does; the compiled forward's
+    results are unchanged."""
+    body = Body((0, 2, 5))
+    body.do_not_compile = False
+    reference = Body((0, 2, 5))
+    reference.load_state_dict(body.state_dict())
+    sampler = _sampler(body, every=2)
+    assert sampler.mode == "compiled"
+    assert all("forward" in layer.input_layernorm.__dict__ for layer in body.layers)
+    compiled = torch.compile(Body.forward.__get__(body), backend="aot_eager", fullgraph=True, dynamic=True)
+    measured = []
+    for seed, n in enumerate((13, 9, 21)):
+        ids = torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            out, want = compiled(ids, torch.arange(n)), reference(ids, torch.arange(n))
+        assert torch.allclose(out[0], want[0], atol=1e-5)
+        if sampler.active is not None:  # what the body's wrapper does with the compiled result
+            sampler.finish(out)
+            measured.append(_measure(sampler))
+    assert sampler.sampled == sampler.recorded == 2
+    assert measured == [["embedding", "block:1", "block:4"]] * 2

@@ -199,15 +199,22 @@ class StepPath:
         self._overlap = True
 
     # ---- draft extend (before) ---------------------------------------------------------------------
-    def observe_decode(self, features: Any, result: Any, reqs: Sequence[Any] | None = None) -> None:
-        """``reqs``: the request list of the batch being launched (None where the hook has none)."""
+    def observe_decode(self, features: Any, result: Any, reqs: Sequence[Any] | None = None,
+                       segments: Sequence[tuple[int, int]] | None = None) -> None:
+        """``reqs``: the request list of the batch being launched (None where the hook has none).
+        ``segments``: the row ranges of ``features`` that feed the windows (None: every row), e.g.
+        vLLM's batch without its rows at position 0."""
         started = perf_counter()
         step = self.decode_steps = self.decode_steps + 1
         setattr(result, STEP_ATTR, step)
         if reqs is not None:
             self._launches = (self._launches[1], (step, reqs))
         if features is not None:
-            self._observe(self.decode, features, step, started)
+            if segments is None:
+                self._observe(self.decode, features, step, started)
+            else:
+                for start, end in segments:
+                    self._observe(self.decode, features[start:end], step, started)
         self._host_s += perf_counter() - started
 
     def launch_counts(self) -> dict[str, dict[str, Any]]:

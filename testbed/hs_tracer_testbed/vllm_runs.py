@@ -9,7 +9,11 @@ plugins and its process layout at first import, and a finished engine gives all 
 The engine core runs in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with its worker
 (``distributed_executor_backend="uni"``), so the runner can wait until hs_tracer's recorder has
 handed every logged step on before it reads the report. A spec with ``tensor_parallel_size`` 2 runs
-vLLM's multi-process executor instead: one worker process per rank, over gloo on the CPU.
+vLLM's multi-process executor instead: one worker process per rank, over gloo on the CPU; the
+accept lengths of a workload's last step reach the emitting worker with the next step the core
+schedules, so the runner serves one one-token request (no verify step, so vLLM's counters stay)
+before it reads the reports. ``"enforce_eager": false`` serves with vLLM's default compilation
+(Dynamo and Inductor on the CPU: tens of seconds more per start).
 ``faults`` (the spec's list of hook names) serves the fault workload once per name, with
 ``HS_TRACER_FAULT_INJECT`` set to it in the tracer's configuration (a startup hook's name is set in
 the environment, so the fault hits at startup): the hook raises, the tracer
@@ -50,7 +54,8 @@ def run(spec: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
             tail = (proc.stdout + proc.stderr)[-6000:]
             raise RuntimeError(f"the vLLM engine run failed (exit {proc.returncode}):\n{tail}")
         out = json.loads(out_path.read_text())
-        out["log"] = (proc.stdout + proc.stderr)[-20000:]
+        log = proc.stdout + proc.stderr  # its start (what vLLM set up) and its end
+        out["log"] = log if len(log) <= 40000 else f"{log[:20000]}\n[...]\n{log[-20000:]}"
         return out
 
 
@@ -92,9 +97,10 @@ def _serve() -> None:
     if report_dir:
         from hs_tracer_testbed.demo import settled_reports
 
-        # under the multi-process executor no report counts the accept lengths: wait for stillness only
-        drafts = _spec_counters(llm).get("num_drafts") if tp == 1 else None
-        out["reports"] = settled_reports(Path(report_dir), drafts)
+        if tp > 1:  # a step that carries the last step's accept lengths to the workers (docstring)
+            llm.generate([{"prompt_token_ids": [1, 2]}], SamplingParams(temperature=0.0, max_tokens=1),
+                         use_tqdm=False)
+        out["reports"] = settled_reports(Path(report_dir), _spec_counters(llm).get("num_drafts"))
     initial = os.environ.get("HS_TRACER_FAULT_INJECT")  # a startup hook's fault: injected from the start
     for name in spec.get("faults", []):
         st = _current() if name == initial else _inject(name)

@@ -2,11 +2,14 @@
 serves every workload the tests read from it (an engine start costs about a minute on a 2-core
 machine).
 
-* ``plain``: the target alone (greedy reference tokens);
+* ``plain``: EAGLE-3 with the pair's draft, untraced (greedy reference tokens: the same shapes of
+  verify forwards, so the same bf16 rounding, as the traced engines);
 * ``configured``: EAGLE-3 with the pair's draft, traced, with the training profile;
 * ``ids_missing``: the same draft without its layer ids (vLLM falls back to its default), traced;
 * ``late_deep``: ``configured`` with the target's capture loop patched to capture every slot but
   the first one layer late, its record unchanged (``hs_tracer_testbed.runtime.miscapture``);
+  without vLLM's compile cache (the patch is not in its key: ``configured``'s graph would load),
+  so compiled through vLLM's other path (Dynamo's bytecode hook, no ahead-of-time artifact);
 * ``tp2``: ``configured`` with ``tensor_parallel_size=2`` (a worker process per rank), traced, and
   ``tp2:plain``, the target alone at TP 2 (its greedy reference);
 * ``faults``: EAGLE-3 traced, serving one workload per hook with a fault injected in that hook.
@@ -50,24 +53,26 @@ class Engines:
     def spec(self, name: str) -> dict[str, Any]:
         from hs_tracer_testbed.llama_pair import write_ids_missing
 
-        base = {"target": str(self.pair.target), "workloads": [workload("main")]}
+        base = {"target": str(self.pair.target), "workloads": [workload("main")], "enforce_eager": False}
+        eager = {**base, "enforce_eager": True}
         traced = {**TRACED_ENV, "HS_TRACER_PROFILE": str(self.profile)}
         if name == "plain":
-            return base
+            return {**base, "draft": str(self.pair.draft)}
         if name == "configured":
             return {**base, "draft": str(self.pair.draft), "env": traced}
         if name == "late_deep":
             return {**base, "draft": str(self.pair.draft),
-                    "env": {**traced, "HS_TRACER_TESTBED_MISCAPTURE": "late_deep"}}
+                    "env": {**traced, "HS_TRACER_TESTBED_MISCAPTURE": "late_deep",
+                            "VLLM_DISABLE_COMPILE_CACHE": "1"}}
         if name == "tp2":  # two worker processes (vLLM's multi-process executor), tracing in each
-            return {**base, "draft": str(self.pair.draft), "env": traced, "tensor_parallel_size": 2}
+            return {**eager, "draft": str(self.pair.draft), "env": traced, "tensor_parallel_size": 2}
         if name == "tp2:plain":  # its reference: TP 2 sums in another order than TP 1 (bf16 near-ties)
-            return {**base, "tensor_parallel_size": 2}
-        if name == "ids_missing":
+            return {**eager, "tensor_parallel_size": 2}
+        if name == "ids_missing":  # eager: the sampler's eager path on a real engine
             draft = write_ids_missing(self.pair.draft, self.tmp / "ids_missing")
-            return {**base, "draft": str(draft), "env": traced}
+            return {**eager, "draft": str(draft), "env": traced}
         if name == "faults":  # the startup hook's fault from the start, then each per-step hook's
-            return {"target": str(self.pair.target), "draft": str(self.pair.draft),
+            return {"target": str(self.pair.target), "draft": str(self.pair.draft), "enforce_eager": False,
                     "env": {**traced, "HS_TRACER_FAULT_INJECT": STARTUP_HOOK},
                     "faults": [STARTUP_HOOK, *(h for h in HOOK_NAMES if h != STARTUP_HOOK)],
                     "fault_workload": workload("fault")}

@@ -1,9 +1,11 @@
-"""hs_tracer inside real vLLM engines on CPU (the vLLM testbed pair): greedy decoding stays lossless
-with tracing on, hs_tracer's acceptance equals vLLM's own spec-decode counters, the configured draft
-is ``ok``, a copy whose layer ids vLLM does not find is named slot by slot, the demo's verdict on the
-two, and a fault in any hook leaves the served tokens unchanged. Every traced engine measures the
-slots' layer identity on every target forward: the configured draft measured as trained, a capture
-loop patched to feed later layers named slot by slot."""
+"""hs_tracer inside real vLLM engines on CPU (the vLLM testbed pair), compiled as vLLM serves by
+default (tests/on_vllm/engines.py says which run eager): greedy decoding stays lossless with tracing
+on, hs_tracer's acceptance equals vLLM's own spec-decode counters (also at TP 2, where they are
+counted in another process than the fingerprints), the configured draft is ``ok``, a copy whose
+layer ids vLLM does not find is named slot by slot, the demo's verdict on the two, and a fault in
+any hook leaves the served tokens unchanged. Every traced engine measures the slots' layer identity
+on every target forward, inside the compiled body: the configured draft measured as trained, a
+capture loop patched to feed later layers named slot by slot."""
 
 from __future__ import annotations
 
@@ -24,10 +26,17 @@ def _measured(d: dict) -> list[str | None]:
 
 
 def test_greedy_eagle3_with_tracing_commits_exactly_the_plain_tokens(vllm_engines) -> None:
+    """EAGLE-3 traced and untraced, both compiled (the traced body with the sampler's op in its
+    graph): the same tokens."""
     want = vllm_engines["plain"]["workloads"]["main"]["output_ids"]
     got = vllm_engines["configured"]["workloads"]["main"]["output_ids"]
     assert len(want) == NUM_PROMPTS
     assert got == want
+    # vLLM's own lines: it compiled the body ahead of time (or loaded it from its compile cache),
+    # under another cache key when traced: neither engine runs the other's graph
+    found = [re.search(r"\[backbone\] (?:saved AOT compiled function to|Directly load AOT compilation from "
+                       r"path) (\S+)", vllm_engines[name]["log"]) for name in ("configured", "plain")]
+    assert all(found) and found[0].group(1) != found[1].group(1), found
 
 
 def test_acceptance_equals_vllms_counters(vllm_engines) -> None:
@@ -52,6 +61,8 @@ def test_configured_draft_is_served_as_trained(vllm_engines) -> None:
     d = diagnosis(run)
     rep = next(r for r in run["reports"] if r["emitting"])
     assert rep["identity"]["sampled"] >= 1 and rep["identity"]["failed"] is None, rep["identity"]
+    assert rep["identity"]["mode"] == "compiled" and rep["identity"]["graphs"] is None, rep["identity"]
+    assert rep["identity"]["recorded"] >= 1 and rep["identity"]["no_last_block"] == 0, rep["identity"]
     assert rep["wiring"]["sources"] == TRAINED
     assert d["measured_identity"]["samples"] >= 1
     assert _measured(d) == TRAINED
@@ -73,6 +84,7 @@ def test_a_capture_loop_that_feeds_later_layers_is_named_by_measurement(vllm_eng
     assert run["workloads"]["main"]["output_ids"] == vllm_engines["plain"]["workloads"]["main"]["output_ids"]
     rep = next(r for r in run["reports"] if r["emitting"])
     assert rep["enabled"], rep["disabled_reason"]
+    assert rep["identity"]["mode"] == "compiled", rep["identity"]
     assert rep["aux"]["layer_ids"] == [1, 4, 7] and rep["wiring"]["sources"] == TRAINED
     d = diagnosis(run)
     assert _measured(d) == fed
@@ -86,9 +98,12 @@ def test_a_capture_loop_that_feeds_later_layers_is_named_by_measurement(vllm_eng
 
 
 def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:
+    """Eager (``enforce_eager``): the sampler's eager path measures vLLM's default layers as fed."""
     run = vllm_engines["ids_missing"]
     d = diagnosis(run)
     assert d["status"] == "miswired", d
+    assert run["reports"][0]["identity"]["mode"] == "eager"
+    assert _measured(d) == ["block:1", "block:3", "block:4"]
     assert Report.from_json(d).exit_code == 1
     wiring = run["reports"][0]["wiring"]
     assert wiring["layer_ids_key"] == "default" and wiring["layers_to_capture"] == [2, 4, 5]
@@ -100,11 +115,12 @@ def test_draft_without_ids_is_named_slot_by_slot(vllm_engines) -> None:
 
 
 def test_tensor_parallel_2_is_lossless_and_rank_0_alone_diagnoses(vllm_engines) -> None:
-    """vLLM's CPU build with ``tensor_parallel_size=2`` (a worker process per rank, gloo): greedy
-    EAGLE-3 commits the tokens of plain TP 2 decoding with tracing on; the plugin loads in both
-    workers, rank 0 alone emits and reads the trained wiring; the accept lengths stay in the engine
-    core's process, apart from the worker's tracer, so its report has none (docs/vllm.md, "One
-    process per replica")."""
+    """vLLM's CPU build with ``tensor_parallel_size=2`` (its multi-process executor: the scheduler in
+    the engine core's process, a worker process per rank, gloo): greedy EAGLE-3 commits the tokens of
+    plain TP 2 decoding with tracing on; the plugin loads in both workers, rank 0 alone emits and
+    reads the trained wiring, and its report's acceptance, counted by the core's scheduler and
+    joined to rank 0's steps over the SchedulerOutput, equals vLLM's own counters and is judged
+    against the profile's expected acceptance (``ok``)."""
     run = vllm_engines["tp2"]
     # against plain decoding at TP 2: its all-reduce sums in another order than TP 1, and bf16
     # near-ties then flip a token
@@ -119,7 +135,30 @@ def test_tensor_parallel_2_is_lossless_and_rank_0_alone_diagnoses(vllm_engines) 
         "block:0", "block:3", "block:6"]
     assert Report.from_json(d).exit_code == 0, d["findings"]
     assert not [f for f in d["findings"] if f["code"] == "slot_source_mismatch"], d["findings"]
-    assert d["acceptance"] is None
+    spec = run["workloads"]["main"]["spec"]
+    acc = d["acceptance"]
+    assert acc["steps"] == spec["num_drafts"] and reports[0]["unjoined_steps"] == 0
+    assert round(acc["mean_accept_length"] * acc["steps"]) - acc["steps"] == spec["num_accepted_tokens"]
+    assert [round(r * acc["steps"]) for r in acc["per_position_rate"]] == spec["num_accepted_tokens_per_pos"]
+    _judged_against_the_profile(d, vllm_engines.profile)
+
+
+def _judged_against_the_profile(d: dict, profile: Path) -> None:
+    """The live acceptance meets the profile's expectation: judged (enough steps, an expected value),
+    not far below it; the same live counts against an expectation twice as high would be critical."""
+    from dataclasses import replace
+
+    from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings, bound
+    from hs_tracer.profile.model import Profile
+
+    live = Report.from_json(d).acceptance
+    expected = Profile.load(profile).expected_acceptance
+    assert live is not None and expected is not None
+    assert live.steps >= AcceptanceThresholds().min_steps and bound(live, expected).expected is not None
+    assert not [f for f in acceptance_findings(live, expected) if f.severity == "critical"]
+    rates = [r / 4 for r in live.per_position_rate]
+    collapsed = replace(live, mean_accept_length=1 + sum(rates), per_position_rate=rates)
+    assert "critical" in [f.severity for f in acceptance_findings(collapsed, expected)]
 
 
 def test_demo_says_the_configured_draft_is_served_as_trained_and_the_miswiring_caught(vllm_engines) -> None:

@@ -16,6 +16,18 @@ Per step, all in Python that vLLM runs outside its compiled graphs:
   accepted tokens, called once per request that verified drafts this step;
 * ``Scheduler.update_from_output`` (after): the step's accept lengths (accepted + the bonus token)
   go to the step log with the step number.
+
+With a multi-process executor (tensor parallelism; vLLM's default on CPU) the scheduler runs in the
+engine core's process and the model in worker processes, so the accept lengths and the fingerprints
+are in different tracers. They meet over the ``SchedulerOutput`` the core already sends to every
+worker (pickled, its attributes with it):
+
+* ``Scheduler.schedule`` (after, core): numbers the step on its ``SchedulerOutput`` and attaches
+  the accept lengths the core accounted since the last step, each under its step's number;
+* ``GPUModelRunner.execute_model`` (before, worker): the emitting rank notes the step's object under
+  its number and logs the attached accept lengths against the objects of their steps, whose draft
+  input it fingerprinted, as the single-process path does. The last step of a burst reaches the
+  report with the next scheduled step.
 """
 
 from __future__ import annotations
@@ -25,6 +37,10 @@ from typing import Any, TypeVar
 
 from hs_tracer.integrations.vllm import state, versions
 from hs_tracer.integrations.vllm.state import RequestRef, TracerState
+
+STEP_SEQ = "_hs_tracer_seq"  # the core's step number on a SchedulerOutput (multi-process executor)
+ACCOUNTED = "_hs_tracer_accounted"  # [(step number, [(request id, accept length)])] riding on it
+RECEIVED = 64  # the worker keeps this many steps' SchedulerOutputs waiting for their accept lengths
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,7 +93,7 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     if use_aux and st.steps is not None:  # the emitting rank's tracer is running: measure the slots
         from hs_tracer.integrations.vllm import identity
 
-        st.identity = identity.install(st, _body(runner.model))
+        st.identity = identity.install(st, _body(runner.model), runner.compilation_config, runner.model)
         st.write_report()
 
 
@@ -121,20 +137,47 @@ def _config_dict(hf_config: Any) -> dict[str, Any]:
 
 # ---- per step --------------------------------------------------------------------------------------
 @hook
-def before_propose(st: TracerState, _runner: Any, scheduler_output: Any, *_a: Any, **_k: Any) -> None:
+def before_propose(st: TracerState, runner: Any, scheduler_output: Any, *_a: Any, **_k: Any) -> None:
     """The step whose drafts are proposed now: its SchedulerOutput carries the step number that the
-    draft-input hook assigns to the scheduler's result processing."""
+    draft-input hook assigns to the scheduler's result processing; the rows at position 0 (the
+    first row of each new request with nothing computed yet) are found on the host."""
     st.proposing = scheduler_output
+    st.first_rows = _first_rows(runner, scheduler_output)
+
+
+def _first_rows(runner: Any, scheduler_output: Any) -> list[int]:
+    """Rows of this step's batch at position 0 (host lists only: the batch's request order and its
+    query start offsets)."""
+    new = [r.req_id for r in scheduler_output.scheduled_new_reqs if r.num_computed_tokens == 0]
+    if not new:
+        return []
+    index, starts = runner.input_batch.req_id_to_index, runner.query_start_loc.np
+    return sorted(int(starts[index[rid]]) for rid in new if rid in index)
+
+
+def segments_without(rows: list[int], total: int) -> list[tuple[int, int]]:
+    """``[0, total)`` without ``rows`` (sorted), as row ranges."""
+    out, start = [], 0
+    for row in rows:
+        if row > start:
+            out.append((start, min(row, total)))
+        start = row + 1
+    if start < total:
+        out.append((start, total))
+    return [(a, b) for a, b in out if a < b]
 
 
 @hook
 def before_combine_hidden_states(st: TracerState, _draft: Any, hidden_states: Any) -> None:
-    """The ``[tokens, K*H]`` target states the draft's fc reads this step (prefill and decode rows of
-    the batch): one probe launch, numbered on the step's SchedulerOutput."""
+    """The ``[tokens, K*H]`` target states the draft's fc reads this step (prefill and decode rows
+    of the batch): probe launches, numbered on the step's SchedulerOutput. The windows leave out the
+    rows at position 0, as SGLang's and the profiles do (their statistics differ)."""
     steps, carrier = st.steps, st.proposing
     if steps is not None and carrier is not None:
         st.proposing = None  # one observation per step
-        steps.observe_decode(hidden_states, carrier)
+        rows, st.first_rows = st.first_rows, []
+        segments = segments_without(rows, int(hidden_states.shape[0])) if rows else None
+        steps.observe_decode(hidden_states, carrier, segments=segments)
 
 
 @hook
@@ -149,15 +192,54 @@ def after_spec_decoding_stats(st: TracerState, _result: Any, _scheduler: Any, _s
 @hook
 def after_update_from_output(st: TracerState, _result: Any, _scheduler: Any, scheduler_output: Any,
                              *_a: Any, **_k: Any) -> None:
-    """The step's accounting is complete: log its accept lengths under the step's number."""
+    """The step's accounting is complete: log its accept lengths under the step's number (here, or
+    in the emitting worker's process: :func:`after_schedule`)."""
     pending = st.pending
     if not pending:
         return
     st.pending = []
-    steps = st.steps
-    if steps is None:
+    if st.steps is not None:
+        _record(st, scheduler_output, pending)
+    elif (seq := getattr(scheduler_output, STEP_SEQ, None)) is not None:  # the model runs elsewhere
+        st.accounted.append((seq, pending))
+
+
+@hook
+def after_schedule(st: TracerState, scheduler_output: Any, _scheduler: Any, *_a: Any, **_k: Any) -> None:
+    """A step leaves the core for the workers: its number, and the accept lengths accounted since
+    the last step, ride on its ``SchedulerOutput`` (only where no model runs in this process)."""
+    if st.steps is not None:
         return
+    st.seq += 1
+    setattr(scheduler_output, STEP_SEQ, st.seq)
+    if st.accounted:
+        setattr(scheduler_output, ACCOUNTED, list(st.accounted))
+        st.accounted.clear()
+
+
+@hook
+def before_execute_model(st: TracerState, _runner: Any, scheduler_output: Any, *_a: Any, **_k: Any) -> None:
+    """A worker receives a step: the emitting rank logs the accept lengths the core attached, each
+    against its own step's ``SchedulerOutput`` (the object its draft-input hook numbered)."""
+    if st.steps is None:
+        return
+    seq = getattr(scheduler_output, STEP_SEQ, None)
+    if seq is not None:
+        st.received[seq] = scheduler_output
+        while len(st.received) > RECEIVED:
+            st.received.pop(next(iter(st.received)))
+    for step, pending in getattr(scheduler_output, ACCOUNTED, ()):
+        carrier = st.received.pop(step, None)
+        if carrier is not None:
+            _record(st, carrier, pending)
+        else:
+            st.unjoined += 1
+
+
+def _record(st: TracerState, carrier: Any, pending: list[tuple[str, int]]) -> None:
+    steps = st.steps
+    assert steps is not None
     reqs = [RequestRef(rid) for rid, _n in pending]
     lengths = [n for _rid, n in pending]
     num_draft = int(st.spec_args.get("num_speculative_tokens") or 0) + 1
-    steps.record(scheduler_output, reqs, lengths, num_draft, st.max_accept_length, settled=None)
+    steps.record(carrier, reqs, lengths, num_draft, st.max_accept_length, settled=None)

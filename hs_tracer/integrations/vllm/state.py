@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,9 +47,18 @@ class TracerState(core.TracerState):
     """A vLLM process that runs the model: the step whose drafts are proposed, the accounting in flight."""
 
     proposing: Any = None  # the SchedulerOutput of the step whose drafts are being proposed
+    first_rows: list[int] = field(default_factory=list)  # its batch's rows at position 0
     # (request id, accept length) of the step vLLM's scheduler is accounting right now
     pending: list[tuple[str, int]] = field(default_factory=list)
     identity: IdentitySampler | None = None  # HS_TRACER_IDENTITY_EVERY: layer identity (identity.py)
+    # Multi-process executor (hooks.after_schedule): the core's step counter and the accept lengths
+    # it accounted since the last step (bounded: steps a worker never received are dropped oldest
+    # first); the emitting worker's steps by the core's number, and accept lengths whose step it no
+    # longer holds.
+    seq: int = 0
+    accounted: deque[tuple[int, list[tuple[str, int]]]] = field(default_factory=lambda: deque(maxlen=1024))
+    received: dict[int, Any] = field(default_factory=dict)
+    unjoined: int = 0
 
     @property
     def max_accept_length(self) -> int | None:
@@ -102,6 +112,7 @@ class TracerState(core.TracerState):
             "export": None if self.recorder is None else self.recorder.where(),
             "recorder_thread_cpu_s": None if self.recorder is None else self.recorder.cpu_json(),
             "identity": None if self.identity is None else self.identity.status(),
+            "unjoined_steps": self.unjoined,
         }
         return self.with_diagnosis(out)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 
 from hs_tracer.release_table import (
     Hook,
@@ -44,20 +45,29 @@ DRAFT_CLASSES = (
 
 FAMILIES: tuple[ReleaseFamily, ...] = (
     ReleaseFamily(
-        name="0.32",
-        releases=("0.32.0",),
+        name="0.31",
+        releases=("0.31.0", "0.32.0"),
         hooks=(
             # startup: the aux layers are set (after the drafter is loaded) -> the wiring record
             Hook(f"{_RUNNER}._setup_eagle3_aux_hidden_state_outputs", "after",
                  f"{_HOOKS}:after_setup_aux_layers", Phase.STARTUP,
                  reads=("use_aux_hidden_state_outputs", "model", "drafter.model", "model_config",
                         "speculative_config.draft_model_config.hf_config",
-                        "speculative_config.num_speculative_tokens")),
+                        "speculative_config.num_speculative_tokens",
+                        "compilation_config.cudagraph_mode")),
             # per step: the step number rides on vLLM's SchedulerOutput to the scheduler's result
             Hook(f"{_RUNNER}.propose_draft_token_ids", "before", f"{_HOOKS}:before_propose",
-                 Phase.STEP, ("scheduler_output",), ("scheduler_output.total_num_scheduled_tokens",)),
+                 Phase.STEP, ("scheduler_output",),
+                 ("scheduler_output.scheduled_new_reqs", "scheduled_new_reqs.req_id",
+                  "scheduled_new_reqs.num_computed_tokens", "input_batch.req_id_to_index",
+                  "query_start_loc.np")),
             *(Hook(f"{cls}.combine_hidden_states", "before", f"{_HOOKS}:before_combine_hidden_states",
                    Phase.STEP, ("hidden_states",)) for cls in DRAFT_CLASSES),
+            # per step, multi-process executor: the core numbers each step on the SchedulerOutput it
+            # sends and attaches the accept lengths accounted since; the emitting worker joins them
+            Hook(f"{_SCHEDULER}.schedule", "after", f"{_HOOKS}:after_schedule", Phase.STEP),
+            Hook(f"{_RUNNER}.execute_model", "before", f"{_HOOKS}:before_execute_model", Phase.STEP,
+                 ("scheduler_output",)),
             # per request and step: vLLM's own spec-decode accounting, then the step's end
             Hook(f"{_SCHEDULER}.make_spec_decoding_stats", "after", f"{_HOOKS}:after_spec_decoding_stats",
                  Phase.STEP,
@@ -104,7 +114,41 @@ def hook_name(handler: str) -> str:
 
 
 def problems(family: ReleaseFamily | None = None) -> list[str]:
-    """What is missing or changed in the installed vLLM, as short phrases (empty: supported)."""
+    """What is missing or changed in the installed vLLM, as short phrases (empty: supported): every
+    hook target and parameter of its family, then every attribute the hooks read."""
     version = installed_version()
     found = family_or_problem("vllm", version, family or family_for(version), ", ".join(SUPPORTED_VERSIONS))
-    return [found] if isinstance(found, str) else signature_problems(found.hooks)
+    if isinstance(found, str):
+        return [found]
+    return signature_problems(found.hooks) or changed_reads(found)
+
+
+_WORD_RE = re.compile(r"\b\w+\b")
+
+
+def changed_reads(family: ReleaseFamily) -> list[str]:
+    """Each attribute a hook reads (after the parameter it starts at) must still be named in vLLM's
+    source: the target's module, or a vLLM module imported so far (a rename removes the old name)."""
+    words: set[str] | None = None
+    found = []
+    for hook in family.hooks:
+        names = [n for read in hook.reads for n in read.split(".") if n not in hook.params]
+        if names and words is None:
+            words = _vllm_words()
+        gone = sorted({n for n in names if n not in (words or set())})
+        if gone:
+            found.append(f"{hook.name} reads {', '.join(gone)}, which vLLM no longer names")
+    return found
+
+
+def _vllm_words() -> set[str]:
+    words: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) if name.startswith("vllm.") else None
+        if path and path.endswith(".py"):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    words.update(_WORD_RE.findall(f.read()))
+            except OSError:
+                continue
+    return words

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -515,25 +516,38 @@ def prod_servers(models: Path, tp: int) -> list[Server]:
         Server("prod_off", models / "target", common),
         Server("prod_on", models / "target", common,
                {"HS_TRACER": "1", "HS_TRACER_METRICS_PORT": str(METRICS_BASE_PORT + 1000)}, True),
+        Server("prod_off_b", models / "target", common),  # the A/A control: a second untraced engine
     ]
 
 
 def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Decode throughput with tracing off and on, per batch size: warm-up runs discarded, then
-    alternating pairs (off-on, on-off, ...) of the same batch; the figure is the median over pairs
-    of each pair's on/off throughput ratio (two back-to-back runs see the same GPU and host state,
-    so slow drifts cancel), with its spread. Pairs are capped so the part ends before ``deadline``
-    (``time.monotonic()``), at least ``PROD_MIN_PAIRS`` each. ``progress`` gets the results so far
-    after each batch size (a run stopped from outside keeps them)."""
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             batches: list[int] | None = None) -> dict[str, Any]:
+    """Decode throughput with tracing off and on, per batch size, with an A/A control: warm-up runs
+    discarded, then rounds ("pairs") in which each engine serves the same batch once, the order
+    cycling through every permutation of the engines so that none always runs first or after
+    another. ``on_over_off`` is the median over pairs of off wall / on wall;
+    ``control_on_over_off`` the same for the second untraced engine in the role of ``on`` (off wall
+    / off_b wall): what two untraced engines differ by under the same method, i.e. the method's bias
+    and noise. ``corrected_on_over_off`` is their quotient with a 95 % bootstrap interval over pairs.
+    Pairs are capped so the part ends before ``deadline`` (``time.monotonic()``), at least
+    ``PROD_MIN_PAIRS`` each. ``progress`` gets the results so far after each batch size (a run
+    stopped from outside keeps them). ``batches``: a subset of ``PROD_PLAN``'s batch sizes. Without
+    ``prod_off_b`` (or if it failed to start) the pairs are off/on only."""
     import random
 
+    plan = {bs: PROD_PLAN[bs] for bs in (batches or PROD_PLAN)}
     by_name = {s.name: s for s in servers}
     off, on = by_name["prod_off"], by_name["prod_on"]
+    off_b = by_name.get("prod_off_b")
+    if off_b is not None and off_b.error:
+        off_b = None
+    engines = [(off, "off"), (on, "on")] + ([(off_b, "off_b")] if off_b is not None else [])
+    orders = list(itertools.permutations(engines))
     out: dict[str, Any] = {"servers": {s.name: {"startup_s": s.startup_s, "error": s.error,
                                                  "args": list(s.args)} for s in servers},
                            "plan": {str(bs): {"max_pairs": p, "new_tokens": n} for bs, p, n in
-                                    ((bs, *PROD_PLAN[bs]) for bs in PROD_PLAN)},
+                                    ((bs, *plan[bs]) for bs in plan)},
                            "warmup_runs_per_server": PROD_WARMUP}
     if off.error or on.error:
         return out
@@ -544,14 +558,14 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
     drafts_on = counter(settled_scrape(metrics_port), "hs_tracer_drafts")
     step_s = dict(STEP_S_GUESS)
     results = []
-    for n, bs in enumerate(PROD_PLAN):
-        max_pairs, new_tokens = PROD_PLAN[bs]
+    for n, bs in enumerate(plan):
+        max_pairs, new_tokens = plan[bs]
         ids = [[rng.randrange(100, 30000) for _ in range(prompt_len)] for _ in range(bs)]
         payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                           "ignore_eos": True}}
         warm = []
         for _ in range(PROD_WARMUP):
-            for s in (off, on):
+            for s, _label in engines:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
                 warm.append(time.perf_counter() - t0)
@@ -560,22 +574,21 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         step_s[bs] = median(warm) / new_tokens
         time.sleep(1.0)  # hs_tracer's counters are flushed every 0.5 s: the warm-up's steps land first
         # the time left, shared over this and the remaining batch sizes by their planned cost
-        cost = {b: 2 * PROD_PLAN[b][0] * PROD_PLAN[b][1] * step_s[b] for b in list(PROD_PLAN)[n:]}
+        cost = {b: len(engines) * plan[b][0] * plan[b][1] * step_s[b] for b in list(plan)[n:]}
         left = deadline - time.monotonic()
         mine = left * cost[bs] / sum(cost.values()) if left != float("inf") else float("inf")
-        pairs = max_pairs if mine == float("inf") else int(mine / (2 * median(warm)))
+        pairs = max_pairs if mine == float("inf") else int(mine / (len(engines) * median(warm)))
         pairs = max(PROD_MIN_PAIRS, min(max_pairs, pairs))
         before_text = settled_scrape(metrics_port, drafts=drafts_on)
         before = histogram(before_text, "hs_tracer_host_overhead_seconds")
         steps_before = counter(before_text, "hs_tracer_verify_steps")
         drafts_before = counter(before_text, "hs_tracer_drafts")
         cpu_before = counter(before_text, "hs_tracer_thread_cpu_seconds")
-        times: dict[str, list[float]] = {"off": [], "on": []}
-        verify: dict[str, int] = {"off": 0, "on": 0}
+        times: dict[str, list[float]] = {label: [] for _s, label in engines}
+        verify: dict[str, int] = {label: 0 for _s, label in engines}
         request_steps = 0  # SGLang's per-request verify counts of the traced runs, summed
         for pair in range(pairs):
-            order = ((off, "off"), (on, "on")) if pair % 2 == 0 else ((on, "on"), (off, "off"))
-            for s, label in order:
+            for s, label in orders[pair % len(orders)]:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
                 times[label].append(time.perf_counter() - t0)
@@ -590,6 +603,13 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         after = histogram(text, "hs_tracer_host_overhead_seconds")
         dh = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         ratios = sorted(a / b for a, b in zip(times["off"], times["on"], strict=True))
+        control = aa_control(times) if off_b is not None else {}
+        if control:  # the wall time tracing adds per step once the A/A bias is taken out, µs
+            step_us = 1e6 * median(times["off"]) * pairs / max(verify["off"], 1)
+            ratio = control["corrected_on_over_off"]
+            control["corrected_wall_us_per_step"] = round(step_us * (1 / ratio - 1), 3)
+            control["corrected_wall_us_interval95"] = [round(step_us * (1 / c - 1), 3)
+                                                       for c in reversed(control["corrected_interval95"])]
         tokens = bs * new_tokens
         hs_steps = counter(text, "hs_tracer_verify_steps") - steps_before
         own = self_measured(dh.get("sum", 0.0), counter(text, "hs_tracer_thread_cpu_seconds") - cpu_before,
@@ -606,6 +626,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
             "on_over_off": round(median(ratios), 4),
             "on_over_off_min": round(ratios[0], 4), "on_over_off_max": round(ratios[-1], 4),
             "on_over_off_iqr": [round(_quantile(ratios, 0.25), 4), round(_quantile(ratios, 0.75), 4)],
+            **control,
             "decode_step_ms_off": round(1e3 * median(times["off"]) * pairs / max(verify["off"], 1), 3),
             "sglang_verify_steps": verify,
             "hs_tracer_verify_steps": hs_steps,
@@ -620,15 +641,41 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
             "on_minus_off_wall_us_per_step": wall,
         })
         print(f"[prod] bs {bs}: {pairs} pairs, on/off median {results[-1]['on_over_off']:.4f} "
+              f"control {control.get('control_on_over_off')} "
+              f"corrected {control.get('corrected_on_over_off')} "
+              f"{control.get('corrected_interval95')} "
               f"[{ratios[0]:.4f}, {ratios[-1]:.4f}], host {results[-1]['host_overhead_mean_us']} us/step, "
               f"self-measured {own['total_us']} us/step, on-off wall {wall['median_us']} us/step", flush=True)
         if progress is not None:
             progress({**out, "throughput": results})
     out["throughput"] = results
-    out["gpu_memory_mib"] = {"off": gpu_memory_mib(off), "on": gpu_memory_mib(on)}
+    out["gpu_memory_mib"] = {label: gpu_memory_mib(s) for s, label in engines}
     out["final_metrics_host_overhead"] = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
     out["schedulers"] = [_report_summary(r) for r in reports(on)]
     return out
+
+
+def aa_control(times: dict[str, list[float]], resamples: int = 2000) -> dict[str, Any]:
+    """The A/A figures of one batch size from the wall times of the same pairs: off / off_b per pair
+    (median, quartiles), and on/off divided by it, with a 95 % bootstrap interval (pairs resampled,
+    the quotient of the two medians each time; fixed seed)."""
+    import random
+
+    off, on, off_b = times["off"], times["on"], times["off_b"]
+    pairs = list(zip(off, on, off_b, strict=True))
+
+    def corrected(sample: list[tuple[float, float, float]]) -> float:
+        return median([a / b for a, b, _c in sample]) / median([a / c for a, _b, c in sample])
+
+    rng = random.Random(0)
+    boot = sorted(corrected(rng.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    control = sorted(a / c for a, _b, c in pairs)
+    return {"control_on_over_off_pairs": [round(x, 4) for x in control],
+            "control_on_over_off": round(median(control), 4),
+            "control_on_over_off_iqr": [round(_quantile(control, q), 4) for q in (0.25, 0.75)],
+            "corrected_on_over_off": round(corrected(pairs), 4),
+            "corrected_interval95": [round(boot[int(0.025 * resamples)], 4),
+                                     round(boot[int(0.975 * resamples) - 1], 4)]}
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -760,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs.py output of plain decoding of the same prompts on CPU in float32 "
                          "(compared with the GPU's plain decoding)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--prod-batches", help="only these of the prod part's batch sizes (comma-separated; "
+                    f"default all of {sorted(PROD_PLAN)})")
     ap.add_argument("--host-breakdown", action="store_true",
                     help="time hs_tracer's per-step functions inside the traced prod engine, per batch "
                          "size, with a canary workload beside them (the testbed's HostBreakdown patch)")
@@ -832,9 +881,12 @@ def main(argv: list[str] | None = None) -> int:
         "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: "
                    f"{args.rounds} rounds of the same 16 prompts (plain decoding once more with top-2 "
                    "log-probabilities); "
-                   f"prod: per batch size {PROD_WARMUP} warm-up runs per server discarded, then alternating "
-                   "off/on pairs (order flipped every pair), on/off = median over pairs of the pair's "
-                   "off wall / on wall, spread = min/max and quartiles over pairs; tokens/s = batch * new "
+                   f"prod: per batch size {PROD_WARMUP} warm-up runs per server discarded, then pairs in "
+                   "which each server (off, on, and the untraced A/A control off_b) runs once, the order "
+                   "cycling through every permutation; on/off = median over pairs of the pair's "
+                   "off wall / on wall, control = the same with off_b for on, corrected = on/off over "
+                   "control with a 95 % bootstrap interval over pairs; spread = min/max and quartiles "
+                   "over pairs; tokens/s = batch * new "
                    "tokens / median wall (prefill of 64 prompt tokens included); hs_tracer host time per "
                    "step = its own histogram (observed every verify step) over the timed runs; "
                    "self-measured cost per step = that + hs_tracer_thread_cpu_seconds_total's increase "
@@ -864,7 +916,9 @@ def main(argv: list[str] | None = None) -> int:
         "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens, reference, args.rounds),
         "radix": lambda ss: run_radix(ss, prompts),
         "prod": lambda ss: run_prod(ss, deadline, progress=lambda part: write(args.out_dir, stem,
-                                                                               {**result, "prod": part})),
+                                                                               {**result, "prod": part}),
+                                    batches=[int(b) for b in args.prod_batches.split(",")]
+                                    if args.prod_batches else None),
     }
     try:
         for part, servers in active.items():
@@ -1021,6 +1075,21 @@ def markdown(r: dict[str, Any]) -> str:
                              f"{_f(wall['median_us'])} | {wall['iqr_us']} | "
                              f"{t.get('sglang_request_steps')} / "
                              f"{_f(t.get('hs_tracer_request_steps'))} |")
+        aa = [t for t in pr.get("throughput") or [] if "control_on_over_off" in t]
+        if aa:
+            lines += ["", "A/A control: a second untraced engine (`prod_off_b`) in the same pairs, every "
+                      "order of the three engines in turn; control = off wall / off_b wall; corrected = "
+                      "on/off over control, 95 % bootstrap interval over pairs; the corrected wall "
+                      "difference per step is what tracing adds once the bias is out:", "",
+                      "| batch | pairs | on/off | control on/off | control quartiles | corrected on/off | "
+                      "interval | corrected on - off wall us/step | interval | self-measured us/step |",
+                      "|---" * 10 + "|"]
+            for t in aa:
+                lines.append(f"| {t['batch_size']} | {t['pairs']} | {t['on_over_off']} | "
+                             f"{t['control_on_over_off']} | {t['control_on_over_off_iqr']} | "
+                             f"{t['corrected_on_over_off']} | {t['corrected_interval95']} | "
+                             f"{t['corrected_wall_us_per_step']} | {t['corrected_wall_us_interval95']} | "
+                             f"{_f((t.get('self_measured_us_per_step') or {}).get('total_us'))} |")
         lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
         lines += _breakdown_lines(pr.get("host_breakdown") or {})
         if pr.get("error"):

@@ -655,6 +655,17 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
     return out
 
 
+def add_kernel_floor(prod: dict[str, Any], floor: dict[str, Any]) -> None:
+    """The fingerprint kernel's GPU time and floor at each batch size's verify rows (measured by
+    ``kernel_floor_gpu.py`` on the same machine) into the prod part's throughput rows."""
+    prod["kernel_floor"] = {k: floor[k] for k in ("copy_bandwidth_gb_s", "method", "machine", "source")}
+    for t in prod.get("throughput") or []:
+        row = floor["by_batch"].get(str(t["batch_size"]))
+        if row is not None:
+            t.update({k: row[k] for k in ("kernel_gpu_us", "kernel_floor_us", "kernel_bytes_floor_us",
+                                          "launch_floor_us", "kernel_device_digest_us", "reference")})
+
+
 def aa_control(times: dict[str, list[float]], resamples: int = 2000) -> dict[str, Any]:
     """The A/A figures of one batch size from the wall times of the same pairs: off / off_b per pair
     (median, quartiles), and on/off divided by it, with a 95 % bootstrap interval (pairs resampled,
@@ -809,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     ap.add_argument("--prod-batches", help="only these of the prod part's batch sizes (comma-separated; "
                     f"default all of {sorted(PROD_PLAN)})")
+    ap.add_argument("--kernel-floor", type=Path, help="kernel_floor_gpu.py's result on this machine: its "
+                    "kernel_gpu_us / kernel_floor_us per batch size go beside each batch's throughput")
     ap.add_argument("--host-breakdown", action="store_true",
                     help="time hs_tracer's per-step functions inside the traced prod engine, per batch "
                          "size, with a canary workload beside them (the testbed's HostBreakdown patch)")
@@ -928,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2.5)  # the breakdown files are rewritten every 2 s
                 result[part]["host_breakdown"] = {p.name: json.loads(p.read_text())
                                                   for p in sorted(log_dir.glob("host-breakdown-*.json"))}
+                if args.kernel_floor is not None and args.kernel_floor.exists():
+                    add_kernel_floor(result[part], json.loads(args.kernel_floor.read_text()))
             write(args.out_dir, stem, result)
     finally:
         stop_all(everything)
@@ -1090,6 +1105,22 @@ def markdown(r: dict[str, Any]) -> str:
                              f"{t['corrected_on_over_off']} | {t['corrected_interval95']} | "
                              f"{t['corrected_wall_us_per_step']} | {t['corrected_wall_us_interval95']} | "
                              f"{_f((t.get('self_measured_us_per_step') or {}).get('total_us'))} |")
+        kf = [t for t in pr.get("throughput") or [] if "kernel_floor_us" in t]
+        if kf:
+            lines += ["", "Fingerprint kernel per step (`kernel_floor_gpu.py`, same machine): the masked "
+                      "launch as recorded in the target-verify graph, graph replays; floor = bytes / copy "
+                      f"bandwidth ({pr['kernel_floor']['copy_bandwidth_gb_s']} GB/s) + an empty kernel's "
+                      "graph node:", "",
+                      "| batch | kernel_gpu_us | digest in device memory us "
+                      "| kernel_floor_us (bytes + launch) | x floor | reference (max rel. error, counts "
+                      "equal) |", "|---" * 6 + "|"]
+            for t in kf:
+                ref = t["reference"]
+                lines.append(f"| {t['batch_size']} | {t['kernel_gpu_us']} | {t['kernel_device_digest_us']} | "
+                             f"{t['kernel_floor_us']} "
+                             f"({t['kernel_bytes_floor_us']} + {t['launch_floor_us']}) | "
+                             f"{round(t['kernel_gpu_us'] / t['kernel_floor_us'], 2)} | "
+                             f"{ref['max_rel_error']:.1e}, {ref['counts_equal']} |")
         lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
         lines += _breakdown_lines(pr.get("host_breakdown") or {})
         if pr.get("error"):

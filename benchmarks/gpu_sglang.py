@@ -71,7 +71,7 @@ TREE = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
 FP32 = ("--dtype", "float32")
 # prod: per batch size, alternating off/on pairs (at most; fewer if the deadline nears) and new
 # tokens per request; a decode step at batch 128 is ~9x one at batch 1, so it gets fewer tokens
-PROD_PLAN = {1: (16, 256), 8: (12, 256), 32: (8, 256), 128: (8, 128)}
+PROD_PLAN = {1: (18, 256), 8: (12, 256), 32: (6, 256), 128: (6, 128)}  # multiples of the 6 orders of 3
 PROD_WARMUP = 2  # untimed runs per server and batch size, discarded
 PROD_MIN_PAIRS = 3
 # decode step time (s) per batch size at DeepSeek-V3 width on one H200 (the first run here): only to

@@ -227,17 +227,21 @@ def gauge(text: str, name: str) -> float | None:
 
 
 def self_measured(hook_s: float, thread_cpu_s: float, steps: float,
-                  kernel_gpu_s: float | None) -> dict[str, Any]:
+                  kernel_gpu_s: float | None, delay_s: float = 0.0) -> dict[str, Any]:
     """hs_tracer's own cost per verify step, µs, from its metrics' deltas over a run: the hooks'
     host time, the recorder thread's CPU time (both in the scheduler process), the kernel's GPU time
-    (a per-step constant timed at warm-up; None on the CPU), and their total."""
+    (a per-step constant timed at warm-up; None on the CPU), and their total (an upper bound: all
+    of the thread's CPU); ``serving_us``: what the steps lose, hooks + the steps' measured wait for
+    the recorder thread (``hs_tracer_scheduler_delay_seconds``) + the kernel."""
     if not steps:
-        return {"hook_us": None, "thread_cpu_us": None, "kernel_gpu_us": None, "total_us": None}
-    hook, thread = 1e6 * hook_s / steps, 1e6 * thread_cpu_s / steps
+        return {"hook_us": None, "thread_cpu_us": None, "kernel_gpu_us": None, "total_us": None,
+                "scheduler_delay_us": None, "serving_us": None}
+    hook, thread, delay = 1e6 * hook_s / steps, 1e6 * thread_cpu_s / steps, 1e6 * delay_s / steps
     kernel = None if kernel_gpu_s is None else 1e6 * kernel_gpu_s
     return {"hook_us": round(hook, 3), "thread_cpu_us": round(thread, 3),
             "kernel_gpu_us": None if kernel is None else round(kernel, 3),
-            "total_us": round(hook + thread + (kernel or 0.0), 3)}
+            "total_us": round(hook + thread + (kernel or 0.0), 3),
+            "scheduler_delay_us": round(delay, 3), "serving_us": round(hook + delay + (kernel or 0.0), 3)}
 
 
 def wall_diff_us_per_step(off_s: list[float], on_s: list[float], steps_per_run: float) -> dict[str, Any]:
@@ -584,6 +588,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         steps_before = counter(before_text, "hs_tracer_verify_steps")
         drafts_before = counter(before_text, "hs_tracer_drafts")
         cpu_before = counter(before_text, "hs_tracer_thread_cpu_seconds")
+        delay_before = counter(before_text, "hs_tracer_scheduler_delay_seconds")
         times: dict[str, list[float]] = {label: [] for _s, label in engines}
         verify: dict[str, int] = {label: 0 for _s, label in engines}
         request_steps = 0  # SGLang's per-request verify counts of the traced runs, summed
@@ -613,7 +618,8 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         tokens = bs * new_tokens
         hs_steps = counter(text, "hs_tracer_verify_steps") - steps_before
         own = self_measured(dh.get("sum", 0.0), counter(text, "hs_tracer_thread_cpu_seconds") - cpu_before,
-                            hs_steps, gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds"))
+                            hs_steps, gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds"),
+                            counter(text, "hs_tracer_scheduler_delay_seconds") - delay_before)
         wall = wall_diff_us_per_step(times["off"], times["on"], verify["on"] / pairs)
         results.append({
             "batch_size": bs, "new_tokens_per_request": new_tokens, "prompt_tokens": prompt_len,
@@ -664,6 +670,11 @@ def add_kernel_floor(prod: dict[str, Any], floor: dict[str, Any]) -> None:
         if row is not None:
             t.update({k: row[k] for k in ("kernel_gpu_us", "kernel_floor_us", "kernel_bytes_floor_us",
                                           "launch_floor_us", "kernel_device_digest_us", "reference")})
+            own = t.get("self_measured_us_per_step") or {}
+            if own.get("serving_us") is not None:  # the kernel at this batch's rows, not at warm-up's
+                own["serving_us"] = round(own["serving_us"] - (own["kernel_gpu_us"] or 0.0)
+                                          + row["kernel_gpu_us"], 3)
+                own["serving_kernel_from"] = "kernel_floor_gpu.py at this batch size's rows"
 
 
 def aa_control(times: dict[str, list[float]], resamples: int = 2000) -> dict[str, Any]:
@@ -1097,14 +1108,15 @@ def markdown(r: dict[str, Any]) -> str:
                       "on/off over control, 95 % bootstrap interval over pairs; the corrected wall "
                       "difference per step is what tracing adds once the bias is out:", "",
                       "| batch | pairs | on/off | control on/off | control quartiles | corrected on/off | "
-                      "interval | corrected on - off wall us/step | interval | self-measured us/step |",
+                      "interval | corrected on - off wall us/step | interval | self-measured serving "
+                      "us/step (hooks + scheduler delay + kernel) |",
                       "|---" * 10 + "|"]
             for t in aa:
                 lines.append(f"| {t['batch_size']} | {t['pairs']} | {t['on_over_off']} | "
                              f"{t['control_on_over_off']} | {t['control_on_over_off_iqr']} | "
                              f"{t['corrected_on_over_off']} | {t['corrected_interval95']} | "
                              f"{t['corrected_wall_us_per_step']} | {t['corrected_wall_us_interval95']} | "
-                             f"{_f((t.get('self_measured_us_per_step') or {}).get('total_us'))} |")
+                             f"{_f((t.get('self_measured_us_per_step') or {}).get('serving_us'))} |")
         kf = [t for t in pr.get("throughput") or [] if "kernel_floor_us" in t]
         if kf:
             lines += ["", "Fingerprint kernel per step (`kernel_floor_gpu.py`, same machine): the masked "

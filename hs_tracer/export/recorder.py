@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hs_tracer.export.analysis import Analysis, ExportSetup, Health
 from hs_tracer.export.batch import Scratch, StepBatch
+from hs_tracer.export.step_delay import StepDelay, drain
 
 if TYPE_CHECKING:
     from hs_tracer.config import TracerConfig
@@ -178,6 +179,7 @@ class Recorder(threading.Thread):
         self.cpu_busy_s = 0.0
         self.cpu_idle_s = 0.0
         self._took = False  # this wake-up took a batch of steps
+        self.delay = StepDelay()  # what this thread's work costs the steps, measured on them
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -192,7 +194,12 @@ class Recorder(threading.Thread):
             interval = BATCH_INTERVAL_S
             while not self._stopping.wait(interval):
                 self._wake_cpu = time.thread_time()
+                start = time.perf_counter()
+                if self.st.steps is not None:
+                    self.delay.steps(drain(self.st.steps.step_clock))
                 interval = self._wake()
+                if self._took:
+                    self.delay.busy(start, time.perf_counter())
                 rest = time.thread_time() - self._wake_cpu
                 if self._took:
                     self._cpu_busy += rest
@@ -245,7 +252,7 @@ class Recorder(threading.Thread):
         if self.analysis.work(batches, self._read_window(), self._health(), between=_yield):
             self.st.write_report()
         if batches:
-            self.analysis.add_thread_cpu(self._attribute())
+            self.analysis.add_thread_cpu(self._attribute(), self.delay.take())
         return BATCH_INTERVAL_S
 
     def _attribute(self) -> float:
@@ -285,6 +292,7 @@ class Recorder(threading.Thread):
                 status = self.st.status()
             if batches:  # the steps carry this thread's CPU so far, the status just built included
                 batches[0].thread_cpu_s = self._attribute()
+                batches[0].scheduler_delay_s = self.delay.take()
             for batch in batches:
                 export.queue_batch(batch)
             for _slot, window in windows:  # written from the slots' own memory

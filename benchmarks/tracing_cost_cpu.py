@@ -15,13 +15,17 @@ one more traced engine whose hs_tracer is imported from the checkout ``DIR``.
 
 Method: every engine runs with SGLang's ``sleep_on_idle`` so that an engine waiting for its turn
 sleeps instead of polling (idle engines polling on a 2-core machine made the CPU time of the engine
-being timed track the others' load, not its own work). ``--warmup`` untimed runs per engine, then
-``--pairs`` rounds; each round runs every engine once on the same greedy batch, the order rotating
-(and reversing every other round) so that no engine always follows another. Per run: the scheduler
-process's CPU time (user + system, every thread: SGLang's loop and model, hs_tracer's hooks and
-recorder thread) from the kernel's per-process accounting, over SGLang's verify steps (the longest
-request's ``spec_verify_ct``; one prefill batch serves them all). Process CPU time, unlike wall time,
-does not count the time other engineers' processes hold the cores.
+being timed track the others' load, not its own work), and without the overlap scheduler: with it,
+two of the scheduler process's threads ran flat out during a run (one waiting on the other), so its
+CPU time tracked the wall time, other engineers' load included (per-step CPU of one engine ranged
+97-727 ms over two rounds). hs_tracer's hooks and recorder thread run as with overlap. ``--warmup``
+untimed runs per engine, then ``--pairs`` rounds; each round runs every engine once on the same
+greedy batch, the order rotating (and reversing every other round) so that no engine always follows
+another. Per run: the scheduler process's CPU time (user + system, every thread: SGLang's loop and
+model, hs_tracer's hooks and recorder thread) from the kernel's per-process accounting, over
+SGLang's verify steps (the longest request's ``spec_verify_ct``; one prefill batch serves them all).
+Process CPU time, unlike wall time, does not count the time other engineers' processes hold the
+cores.
 
 Per engine against ``off``: the CPU-per-step ratio of each round, its median over rounds and a 95 %
 bootstrap interval of that median (2000 resamples, fixed seed), and the medians of the odd and the
@@ -79,7 +83,8 @@ def child(name: str, batch: int, new_tokens: int, metrics_port: int, traced: boo
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    engine = start_engine(tb.target, tb.draft, env=env, mem_fraction_static=0.3, sleep_on_idle=True)
+    engine = start_engine(tb.target, tb.draft, env=env, mem_fraction_static=0.3, sleep_on_idle=True,
+                          disable_overlap_schedule=True)
     procs = psutil.Process().children(recursive=True)
     (scheduler,) = [p for p in procs if "scheduler" in " ".join(p.cmdline())]
     import hs_tracer
@@ -403,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": today, "source": source_state(REPO),
         "machine": {**load_start, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "sglang": sglang.__version__,
-        "method": (f"{len(engines)} engines (each its own process, sleep_on_idle) started before timing; "
+        "method": (f"{len(engines)} engines (each its own process, sleep_on_idle, no overlap scheduler) "
+                   "started before timing; "
                    f"{args.warmup} untimed runs each; {args.pairs} rounds, each engine once per round on the "
                    f"same batch ({args.batch} prompts x {args.new_tokens} new tokens, greedy, ignore_eos), "
                    "order rotated every round and reversed every other; per run the scheduler process's "

@@ -34,9 +34,10 @@ import triton
 from fingerprint_gpu import DEV, H, K, copy_bandwidth, inputs, machine, time_graph
 from provenance import source_state
 
-from hs_tracer.fingerprint.kernel import FingerprintWorkspace, fingerprint_fused
+from hs_tracer.fingerprint.kernel import FingerprintWorkspace, RingTarget, fingerprint_fused
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.fingerprint.reference import fingerprint_reference
+from hs_tracer.fingerprint.ring import DigestRing
 
 ROWS_PER_REQUEST = 4  # the chain's verify rows per request (3 draft tokens + 1)
 BATCHES = (1, 8, 32, 128)
@@ -57,18 +58,14 @@ def reference_error(n: int) -> dict[str, float]:
     """Max relative error of the masked launch's digest against float64, fresh random input."""
     x = (torch.randn((n, K * H), device=DEV) * torch.rand((1, K * H), device=DEV) * 3).to(torch.bfloat16)
     ws = FingerprintWorkspace(K, H, DEV)
-    out = torch.full((K, 5), float("nan"), dtype=torch.float32, device=DEV)  # poisoned
     valid = torch.arange(1, n + 1, dtype=torch.int64, device=DEV)
     enable = torch.ones(1, dtype=torch.int32, device=DEV)
-    ring_digests = out.reshape(1, K * 5)
-    from hs_tracer.fingerprint.kernel import RingTarget
-
-    ring = RingTarget(ring_digests, torch.zeros(1, dtype=torch.int64, device=DEV),
-                      torch.zeros(1, dtype=torch.int64, device=DEV))
-    fingerprint_fused(x, ws, ring=ring, valid=valid, enable=enable)
+    ring = DigestRing(K, 2, DEV, pinned=True)
+    ring.digests.fill_(float("nan"))  # poisoned: every value must be written
+    fingerprint_fused(x, ws, ring=RingTarget(ring.digests, ring.stamps, ring.seq), valid=valid, enable=enable)
     torch.cuda.synchronize()
     ref = fingerprint_reference(x, K, H, compute_dtype=torch.float64).cpu()
-    got = out.double().cpu()
+    got = ring.digests[1, :K * 5].reshape(K, 5).double()  # launch 1 fills row 1
     rel = ((got[:, 1:4] - ref[:, 1:4]).abs() / ref[:, 1:4].abs().clamp_min(1e-30)).max().item()
     return {"max_rel_error": rel, "counts_equal": bool(torch.equal(got[:, 0], ref[:, 0])),
             "all_written": bool(torch.isfinite(got).all())}

@@ -241,7 +241,8 @@ class _Metrics:
             base, **kw)
         self.kernel_gpu = Gauge(
             KERNEL_GPU, "GPU time of the fingerprint kernel per verify step, in seconds, timed once when "
-            "the probe was warmed (64 rows). Absent on the CPU.", base, **gauge_kw)
+            "the probe was warmed (64 rows, the launch as recorded in the target's graphs, replayed "
+            "from a CUDA graph). Absent on the CPU.", base, **gauge_kw)
 
 
 class PrometheusExporter:

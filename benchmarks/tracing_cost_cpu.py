@@ -14,11 +14,12 @@ metadata once per patched target, every 2 s in the recorder thread), and per ``-
 one more traced engine whose hs_tracer is imported from the checkout ``DIR``.
 
 Method: every engine runs with SGLang's ``sleep_on_idle`` so that an engine waiting for its turn
-sleeps instead of polling (idle engines polling on a 2-core machine made the CPU time of the engine
-being timed track the others' load, not its own work), and without the overlap scheduler: with it,
-two of the scheduler process's threads ran flat out during a run (one waiting on the other), so its
-CPU time tracked the wall time, other engineers' load included (per-step CPU of one engine ranged
-97-727 ms over two rounds). hs_tracer's hooks and recorder thread run as with overlap. ``--warmup``
+sleeps instead of polling, and with ``OMP_NUM_THREADS=1``: with torch's default of one compute
+thread per core, the idle OpenMP worker spun between parallel regions, so the scheduler's CPU time
+tracked its wall time, other engineers' load included (one engine's CPU per step ranged 80-705 ms
+from round to round); on one thread CPU time is the work done. hs_tracer's hooks and recorder thread
+run as in any engine.
+``--warmup``
 untimed runs per engine, then ``--pairs`` rounds; each round runs every engine once on the same
 greedy batch, the order rotating (and reversing every other round) so that no engine always follows
 another. Per run: the scheduler process's CPU time (user + system, every thread: SGLang's loop and
@@ -83,8 +84,7 @@ def child(name: str, batch: int, new_tokens: int, metrics_port: int, traced: boo
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    engine = start_engine(tb.target, tb.draft, env=env, mem_fraction_static=0.3, sleep_on_idle=True,
-                          disable_overlap_schedule=True)
+    engine = start_engine(tb.target, tb.draft, env=env, mem_fraction_static=0.3, sleep_on_idle=True)
     procs = psutil.Process().children(recursive=True)
     (scheduler,) = [p for p in procs if "scheduler" in " ".join(p.cmdline())]
     import hs_tracer
@@ -146,6 +146,7 @@ class Engine:
         path = [str(checkout)] if checkout is not None else []
         env["PYTHONPATH"] = os.pathsep.join([*path, str(REPO), str(REPO / "testbed"),
                                              str(REPO / "benchmarks")])
+        env["OMP_NUM_THREADS"] = "1"  # one compute thread: no spinning OpenMP worker (module docstring)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--batch", str(args.batch),
                "--new-tokens", str(args.new_tokens), "--metrics-port", str(port)]
         self.log = Path(args.log_dir) / f"engine-{name}.log"
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": today, "source": source_state(REPO),
         "machine": {**load_start, "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
         "sglang": sglang.__version__,
-        "method": (f"{len(engines)} engines (each its own process, sleep_on_idle, no overlap scheduler) "
+        "method": (f"{len(engines)} engines (each its own process, sleep_on_idle, OMP_NUM_THREADS=1) "
                    "started before timing; "
                    f"{args.warmup} untimed runs each; {args.pairs} rounds, each engine once per round on the "
                    f"same batch ({args.batch} prompts x {args.new_tokens} new tokens, greedy, ignore_eos), "

@@ -71,7 +71,7 @@ TREE = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
 FP32 = ("--dtype", "float32")
 # prod: per batch size, alternating off/on pairs (at most; fewer if the deadline nears) and new
 # tokens per request; a decode step at batch 128 is ~9x one at batch 1, so it gets fewer tokens
-PROD_PLAN = {1: (18, 256), 8: (12, 256), 32: (6, 256), 128: (6, 128)}  # multiples of the 6 orders of 3
+PROD_PLAN = {1: (18, 256), 8: (12, 256), 32: (6, 128), 128: (6, 64)}  # multiples of the 6 orders of 3
 PROD_WARMUP = 2  # untimed runs per server and batch size, discarded
 PROD_MIN_PAIRS = 3
 # decode step time (s) per batch size at DeepSeek-V3 width on one H200 (the first run here): only to
@@ -526,7 +526,7 @@ def prod_servers(models: Path, tp: int) -> list[Server]:
 
 def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
              progress: Callable[[dict[str, Any]], None] | None = None,
-             batches: list[int] | None = None) -> dict[str, Any]:
+             batches: list[int] | None = None, warmup: int = PROD_WARMUP) -> dict[str, Any]:
     """Decode throughput with tracing off and on, per batch size, with an A/A control: warm-up runs
     discarded, then rounds ("pairs") in which each engine serves the same batch once, the order
     cycling through every permutation of the engines so that none always runs first or after
@@ -552,7 +552,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
                                                  "args": list(s.args)} for s in servers},
                            "plan": {str(bs): {"max_pairs": p, "new_tokens": n} for bs, p, n in
                                     ((bs, *plan[bs]) for bs in plan)},
-                           "warmup_runs_per_server": PROD_WARMUP}
+                           "warmup_runs_per_server": warmup}
     if off.error or on.error:
         return out
     rng = random.Random(0)
@@ -568,7 +568,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                           "ignore_eos": True}}
         warm = []
-        for _ in range(PROD_WARMUP):
+        for _ in range(warmup):
             for s, _label in engines:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
@@ -831,6 +831,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     ap.add_argument("--prod-batches", help="only these of the prod part's batch sizes (comma-separated; "
                     f"default all of {sorted(PROD_PLAN)})")
+    ap.add_argument("--prod-warmup", type=int, default=PROD_WARMUP,
+                    help="untimed runs per server and batch size before the prod part's pairs")
     ap.add_argument("--kernel-floor", type=Path, help="kernel_floor_gpu.py's result on this machine: its "
                     "kernel_gpu_us / kernel_floor_us per batch size go beside each batch's throughput")
     ap.add_argument("--host-breakdown", action="store_true",
@@ -905,8 +907,8 @@ def main(argv: list[str] | None = None) -> int:
         "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: "
                    f"{args.rounds} rounds of the same 16 prompts (plain decoding once more with top-2 "
                    "log-probabilities); "
-                   f"prod: per batch size {PROD_WARMUP} warm-up runs per server discarded, then pairs in "
-                   "which each server (off, on, and the untraced A/A control off_b) runs once, the order "
+                   f"prod: per batch size {args.prod_warmup} warm-up runs per server discarded, then pairs "
+                   "in which each server (off, on, and the untraced A/A control off_b) runs once, the order "
                    "cycling through every permutation; on/off = median over pairs of the pair's "
                    "off wall / on wall, control = the same with off_b for on, corrected = on/off over "
                    "control with a 95 % bootstrap interval over pairs; spread = min/max and quartiles "
@@ -942,7 +944,7 @@ def main(argv: list[str] | None = None) -> int:
         "prod": lambda ss: run_prod(ss, deadline, progress=lambda part: write(args.out_dir, stem,
                                                                                {**result, "prod": part}),
                                     batches=[int(b) for b in args.prod_batches.split(",")]
-                                    if args.prod_batches else None),
+                                    if args.prod_batches else None, warmup=args.prod_warmup),
     }
     try:
         for part, servers in active.items():

@@ -19,14 +19,14 @@ thread per core, the idle OpenMP worker spun between parallel regions, so the sc
 tracked its wall time, other engineers' load included (one engine's CPU per step ranged 80-705 ms
 from round to round); on one thread CPU time is the work done. hs_tracer's hooks and recorder thread
 run as in any engine.
-``--warmup``
-untimed runs per engine, then ``--pairs`` rounds; each round runs every engine once on the same
-greedy batch, the order rotating (and reversing every other round) so that no engine always follows
-another. Per run: the scheduler process's CPU time (user + system, every thread: SGLang's loop and
-model, hs_tracer's hooks and recorder thread) from the kernel's per-process accounting, over
-SGLang's verify steps (the longest request's ``spec_verify_ct``; one prefill batch serves them all).
-Process CPU time, unlike wall time, does not count the time other engineers' processes hold the
-cores.
+
+``--warmup`` untimed runs per engine, then ``--pairs`` rounds; each round runs every engine once on
+the same greedy batch, the order rotating (and reversing every other round) so that no engine always
+follows another. Per run: the scheduler process's CPU time (every thread: SGLang's loop and model,
+hs_tracer's hooks and recorder thread) from the kernel's per-thread scheduler statistics (ns; the
+per-process user + system times count 10 ms ticks, 2 % of a run), over SGLang's verify steps (the
+longest request's ``spec_verify_ct``; one prefill batch serves them all). CPU time, unlike wall
+time, does not count the time other engineers' processes hold the cores.
 
 Per engine against ``off``: the CPU-per-step ratio of each round, its median over rounds and a 95 %
 bootstrap interval of that median (2000 resamples, fixed seed), and the medians of the odd and the

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,6 +68,7 @@ class StepSource(Protocol):
     log: Sized
     outbox: Any  # request events the OTel exporter adds to SGLang's request traces (``extend``)
     forward_after: int  # steps logged before a hand-off is due (half the log or digest ring)
+    step_clock: deque[float]  # a clock reading per decode step (export/step_delay.py)
     input_width: int | None
     decode: ProbeSource | None
     prefill: ProbeSource | None

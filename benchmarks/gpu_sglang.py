@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -70,7 +71,7 @@ TREE = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
 FP32 = ("--dtype", "float32")
 # prod: per batch size, alternating off/on pairs (at most; fewer if the deadline nears) and new
 # tokens per request; a decode step at batch 128 is ~9x one at batch 1, so it gets fewer tokens
-PROD_PLAN = {1: (16, 256), 8: (12, 256), 32: (8, 256), 128: (8, 128)}
+PROD_PLAN = {1: (18, 256), 8: (12, 256), 32: (6, 128), 128: (6, 64)}  # multiples of the 6 orders of 3
 PROD_WARMUP = 2  # untimed runs per server and batch size, discarded
 PROD_MIN_PAIRS = 3
 # decode step time (s) per batch size at DeepSeek-V3 width on one H200 (the first run here): only to
@@ -226,17 +227,21 @@ def gauge(text: str, name: str) -> float | None:
 
 
 def self_measured(hook_s: float, thread_cpu_s: float, steps: float,
-                  kernel_gpu_s: float | None) -> dict[str, Any]:
+                  kernel_gpu_s: float | None, delay_s: float = 0.0) -> dict[str, Any]:
     """hs_tracer's own cost per verify step, µs, from its metrics' deltas over a run: the hooks'
     host time, the recorder thread's CPU time (both in the scheduler process), the kernel's GPU time
-    (a per-step constant timed at warm-up; None on the CPU), and their total."""
+    (a per-step constant timed at warm-up; None on the CPU), and their total (an upper bound: all
+    of the thread's CPU); ``serving_us``: what the steps lose, hooks + the steps' measured wait for
+    the recorder thread (``hs_tracer_scheduler_delay_seconds``) + the kernel."""
     if not steps:
-        return {"hook_us": None, "thread_cpu_us": None, "kernel_gpu_us": None, "total_us": None}
-    hook, thread = 1e6 * hook_s / steps, 1e6 * thread_cpu_s / steps
+        return {"hook_us": None, "thread_cpu_us": None, "kernel_gpu_us": None, "total_us": None,
+                "scheduler_delay_us": None, "serving_us": None}
+    hook, thread, delay = 1e6 * hook_s / steps, 1e6 * thread_cpu_s / steps, 1e6 * delay_s / steps
     kernel = None if kernel_gpu_s is None else 1e6 * kernel_gpu_s
     return {"hook_us": round(hook, 3), "thread_cpu_us": round(thread, 3),
             "kernel_gpu_us": None if kernel is None else round(kernel, 3),
-            "total_us": round(hook + thread + (kernel or 0.0), 3)}
+            "total_us": round(hook + thread + (kernel or 0.0), 3),
+            "scheduler_delay_us": round(delay, 3), "serving_us": round(hook + delay + (kernel or 0.0), 3)}
 
 
 def wall_diff_us_per_step(off_s: list[float], on_s: list[float], steps_per_run: float) -> dict[str, Any]:
@@ -515,26 +520,39 @@ def prod_servers(models: Path, tp: int) -> list[Server]:
         Server("prod_off", models / "target", common),
         Server("prod_on", models / "target", common,
                {"HS_TRACER": "1", "HS_TRACER_METRICS_PORT": str(METRICS_BASE_PORT + 1000)}, True),
+        Server("prod_off_b", models / "target", common),  # the A/A control: a second untraced engine
     ]
 
 
 def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Decode throughput with tracing off and on, per batch size: warm-up runs discarded, then
-    alternating pairs (off-on, on-off, ...) of the same batch; the figure is the median over pairs
-    of each pair's on/off throughput ratio (two back-to-back runs see the same GPU and host state,
-    so slow drifts cancel), with its spread. Pairs are capped so the part ends before ``deadline``
-    (``time.monotonic()``), at least ``PROD_MIN_PAIRS`` each. ``progress`` gets the results so far
-    after each batch size (a run stopped from outside keeps them)."""
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             batches: list[int] | None = None, warmup: int = PROD_WARMUP) -> dict[str, Any]:
+    """Decode throughput with tracing off and on, per batch size, with an A/A control: warm-up runs
+    discarded, then rounds ("pairs") in which each engine serves the same batch once, the order
+    cycling through every permutation of the engines so that none always runs first or after
+    another. ``on_over_off`` is the median over pairs of off wall / on wall;
+    ``control_on_over_off`` the same for the second untraced engine in the role of ``on`` (off wall
+    / off_b wall): what two untraced engines differ by under the same method, i.e. the method's bias
+    and noise. ``corrected_on_over_off`` is their quotient with a 95 % bootstrap interval over pairs.
+    Pairs are capped so the part ends before ``deadline`` (``time.monotonic()``), at least
+    ``PROD_MIN_PAIRS`` each. ``progress`` gets the results so far after each batch size (a run
+    stopped from outside keeps them). ``batches``: a subset of ``PROD_PLAN``'s batch sizes. Without
+    ``prod_off_b`` (or if it failed to start) the pairs are off/on only."""
     import random
 
+    plan = {bs: PROD_PLAN[bs] for bs in (batches or PROD_PLAN)}
     by_name = {s.name: s for s in servers}
     off, on = by_name["prod_off"], by_name["prod_on"]
+    off_b = by_name.get("prod_off_b")
+    if off_b is not None and off_b.error:
+        off_b = None
+    engines = [(off, "off"), (on, "on")] + ([(off_b, "off_b")] if off_b is not None else [])
+    orders = list(itertools.permutations(engines))
     out: dict[str, Any] = {"servers": {s.name: {"startup_s": s.startup_s, "error": s.error,
                                                  "args": list(s.args)} for s in servers},
                            "plan": {str(bs): {"max_pairs": p, "new_tokens": n} for bs, p, n in
-                                    ((bs, *PROD_PLAN[bs]) for bs in PROD_PLAN)},
-                           "warmup_runs_per_server": PROD_WARMUP}
+                                    ((bs, *plan[bs]) for bs in plan)},
+                           "warmup_runs_per_server": warmup}
     if off.error or on.error:
         return out
     rng = random.Random(0)
@@ -544,14 +562,14 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
     drafts_on = counter(settled_scrape(metrics_port), "hs_tracer_drafts")
     step_s = dict(STEP_S_GUESS)
     results = []
-    for n, bs in enumerate(PROD_PLAN):
-        max_pairs, new_tokens = PROD_PLAN[bs]
+    for n, bs in enumerate(plan):
+        max_pairs, new_tokens = plan[bs]
         ids = [[rng.randrange(100, 30000) for _ in range(prompt_len)] for _ in range(bs)]
         payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                           "ignore_eos": True}}
         warm = []
-        for _ in range(PROD_WARMUP):
-            for s in (off, on):
+        for _ in range(warmup):
+            for s, _label in engines:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
                 warm.append(time.perf_counter() - t0)
@@ -560,22 +578,22 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         step_s[bs] = median(warm) / new_tokens
         time.sleep(1.0)  # hs_tracer's counters are flushed every 0.5 s: the warm-up's steps land first
         # the time left, shared over this and the remaining batch sizes by their planned cost
-        cost = {b: 2 * PROD_PLAN[b][0] * PROD_PLAN[b][1] * step_s[b] for b in list(PROD_PLAN)[n:]}
+        cost = {b: len(engines) * plan[b][0] * plan[b][1] * step_s[b] for b in list(plan)[n:]}
         left = deadline - time.monotonic()
         mine = left * cost[bs] / sum(cost.values()) if left != float("inf") else float("inf")
-        pairs = max_pairs if mine == float("inf") else int(mine / (2 * median(warm)))
+        pairs = max_pairs if mine == float("inf") else int(mine / (len(engines) * median(warm)))
         pairs = max(PROD_MIN_PAIRS, min(max_pairs, pairs))
         before_text = settled_scrape(metrics_port, drafts=drafts_on)
         before = histogram(before_text, "hs_tracer_host_overhead_seconds")
         steps_before = counter(before_text, "hs_tracer_verify_steps")
         drafts_before = counter(before_text, "hs_tracer_drafts")
         cpu_before = counter(before_text, "hs_tracer_thread_cpu_seconds")
-        times: dict[str, list[float]] = {"off": [], "on": []}
-        verify: dict[str, int] = {"off": 0, "on": 0}
+        delay_before = counter(before_text, "hs_tracer_scheduler_delay_seconds")
+        times: dict[str, list[float]] = {label: [] for _s, label in engines}
+        verify: dict[str, int] = {label: 0 for _s, label in engines}
         request_steps = 0  # SGLang's per-request verify counts of the traced runs, summed
         for pair in range(pairs):
-            order = ((off, "off"), (on, "on")) if pair % 2 == 0 else ((on, "on"), (off, "off"))
-            for s, label in order:
+            for s, label in orders[pair % len(orders)]:
                 t0 = time.perf_counter()
                 res = generate(s, payload)
                 times[label].append(time.perf_counter() - t0)
@@ -590,10 +608,18 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
         after = histogram(text, "hs_tracer_host_overhead_seconds")
         dh = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         ratios = sorted(a / b for a, b in zip(times["off"], times["on"], strict=True))
+        control = aa_control(times) if off_b is not None else {}
+        if control:  # the wall time tracing adds per step once the A/A bias is taken out, µs
+            step_us = 1e6 * median(times["off"]) * pairs / max(verify["off"], 1)
+            ratio = control["corrected_on_over_off"]
+            control["corrected_wall_us_per_step"] = round(step_us * (1 / ratio - 1), 3)
+            control["corrected_wall_us_interval95"] = [round(step_us * (1 / c - 1), 3)
+                                                       for c in reversed(control["corrected_interval95"])]
         tokens = bs * new_tokens
         hs_steps = counter(text, "hs_tracer_verify_steps") - steps_before
         own = self_measured(dh.get("sum", 0.0), counter(text, "hs_tracer_thread_cpu_seconds") - cpu_before,
-                            hs_steps, gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds"))
+                            hs_steps, gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds"),
+                            counter(text, "hs_tracer_scheduler_delay_seconds") - delay_before)
         wall = wall_diff_us_per_step(times["off"], times["on"], verify["on"] / pairs)
         results.append({
             "batch_size": bs, "new_tokens_per_request": new_tokens, "prompt_tokens": prompt_len,
@@ -606,6 +632,7 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
             "on_over_off": round(median(ratios), 4),
             "on_over_off_min": round(ratios[0], 4), "on_over_off_max": round(ratios[-1], 4),
             "on_over_off_iqr": [round(_quantile(ratios, 0.25), 4), round(_quantile(ratios, 0.75), 4)],
+            **control,
             "decode_step_ms_off": round(1e3 * median(times["off"]) * pairs / max(verify["off"], 1), 3),
             "sglang_verify_steps": verify,
             "hs_tracer_verify_steps": hs_steps,
@@ -620,15 +647,57 @@ def run_prod(servers: list[Server], deadline: float, prompt_len: int = 64,
             "on_minus_off_wall_us_per_step": wall,
         })
         print(f"[prod] bs {bs}: {pairs} pairs, on/off median {results[-1]['on_over_off']:.4f} "
+              f"control {control.get('control_on_over_off')} "
+              f"corrected {control.get('corrected_on_over_off')} "
+              f"{control.get('corrected_interval95')} "
               f"[{ratios[0]:.4f}, {ratios[-1]:.4f}], host {results[-1]['host_overhead_mean_us']} us/step, "
               f"self-measured {own['total_us']} us/step, on-off wall {wall['median_us']} us/step", flush=True)
         if progress is not None:
             progress({**out, "throughput": results})
     out["throughput"] = results
-    out["gpu_memory_mib"] = {"off": gpu_memory_mib(off), "on": gpu_memory_mib(on)}
+    out["gpu_memory_mib"] = {label: gpu_memory_mib(s) for s, label in engines}
     out["final_metrics_host_overhead"] = histogram(scrape(metrics_port), "hs_tracer_host_overhead_seconds")
     out["schedulers"] = [_report_summary(r) for r in reports(on)]
     return out
+
+
+def add_kernel_floor(prod: dict[str, Any], floor: dict[str, Any]) -> None:
+    """The fingerprint kernel's GPU time and floor at each batch size's verify rows (measured by
+    ``kernel_floor_gpu.py`` on the same machine) into the prod part's throughput rows."""
+    prod["kernel_floor"] = {k: floor[k] for k in ("copy_bandwidth_gb_s", "method", "machine", "source")}
+    for t in prod.get("throughput") or []:
+        row = floor["by_batch"].get(str(t["batch_size"]))
+        if row is not None:
+            t.update({k: row[k] for k in ("kernel_gpu_us", "kernel_floor_us", "kernel_bytes_floor_us",
+                                          "launch_floor_us", "kernel_device_digest_us", "reference")})
+            own = t.get("self_measured_us_per_step") or {}
+            if own.get("serving_us") is not None:  # the kernel at this batch's rows, not at warm-up's
+                own["serving_us"] = round(own["serving_us"] - (own["kernel_gpu_us"] or 0.0)
+                                          + row["kernel_gpu_us"], 3)
+                own["serving_kernel_from"] = "kernel_floor_gpu.py at this batch size's rows"
+
+
+def aa_control(times: dict[str, list[float]], resamples: int = 2000) -> dict[str, Any]:
+    """The A/A figures of one batch size from the wall times of the same pairs: off / off_b per pair
+    (median, quartiles), and on/off divided by it, with a 95 % bootstrap interval (pairs resampled,
+    the quotient of the two medians each time; fixed seed)."""
+    import random
+
+    off, on, off_b = times["off"], times["on"], times["off_b"]
+    pairs = list(zip(off, on, off_b, strict=True))
+
+    def corrected(sample: list[tuple[float, float, float]]) -> float:
+        return median([a / b for a, b, _c in sample]) / median([a / c for a, _b, c in sample])
+
+    rng = random.Random(0)
+    boot = sorted(corrected(rng.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    control = sorted(a / c for a, _b, c in pairs)
+    return {"control_on_over_off_pairs": [round(x, 4) for x in control],
+            "control_on_over_off": round(median(control), 4),
+            "control_on_over_off_iqr": [round(_quantile(control, q), 4) for q in (0.25, 0.75)],
+            "corrected_on_over_off": round(corrected(pairs), 4),
+            "corrected_interval95": [round(boot[int(0.025 * resamples)], 4),
+                                     round(boot[int(0.975 * resamples) - 1], 4)]}
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -760,6 +829,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs.py output of plain decoding of the same prompts on CPU in float32 "
                          "(compared with the GPU's plain decoding)")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--prod-batches", help="only these of the prod part's batch sizes (comma-separated; "
+                    f"default all of {sorted(PROD_PLAN)})")
+    ap.add_argument("--prod-warmup", type=int, default=PROD_WARMUP,
+                    help="untimed runs per server and batch size before the prod part's pairs")
+    ap.add_argument("--kernel-floor", type=Path, help="kernel_floor_gpu.py's result on this machine: its "
+                    "kernel_gpu_us / kernel_floor_us per batch size go beside each batch's throughput")
     ap.add_argument("--host-breakdown", action="store_true",
                     help="time hs_tracer's per-step functions inside the traced prod engine, per batch "
                          "size, with a canary workload beside them (the testbed's HostBreakdown patch)")
@@ -832,9 +907,12 @@ def main(argv: list[str] | None = None) -> int:
         "method": ("servers of a part start in parallel on the same GPUs; greedy; ignore_eos; testbed: "
                    f"{args.rounds} rounds of the same 16 prompts (plain decoding once more with top-2 "
                    "log-probabilities); "
-                   f"prod: per batch size {PROD_WARMUP} warm-up runs per server discarded, then alternating "
-                   "off/on pairs (order flipped every pair), on/off = median over pairs of the pair's "
-                   "off wall / on wall, spread = min/max and quartiles over pairs; tokens/s = batch * new "
+                   f"prod: per batch size {args.prod_warmup} warm-up runs per server discarded, then pairs "
+                   "in which each server (off, on, and the untraced A/A control off_b) runs once, the order "
+                   "cycling through every permutation; on/off = median over pairs of the pair's "
+                   "off wall / on wall, control = the same with off_b for on, corrected = on/off over "
+                   "control with a 95 % bootstrap interval over pairs; spread = min/max and quartiles "
+                   "over pairs; tokens/s = batch * new "
                    "tokens / median wall (prefill of 64 prompt tokens included); hs_tracer host time per "
                    "step = its own histogram (observed every verify step) over the timed runs; "
                    "self-measured cost per step = that + hs_tracer_thread_cpu_seconds_total's increase "
@@ -864,7 +942,9 @@ def main(argv: list[str] | None = None) -> int:
         "testbed": lambda ss: run_testbed(ss, prompts, args.max_new_tokens, reference, args.rounds),
         "radix": lambda ss: run_radix(ss, prompts),
         "prod": lambda ss: run_prod(ss, deadline, progress=lambda part: write(args.out_dir, stem,
-                                                                               {**result, "prod": part})),
+                                                                               {**result, "prod": part}),
+                                    batches=[int(b) for b in args.prod_batches.split(",")]
+                                    if args.prod_batches else None, warmup=args.prod_warmup),
     }
     try:
         for part, servers in active.items():
@@ -874,6 +954,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2.5)  # the breakdown files are rewritten every 2 s
                 result[part]["host_breakdown"] = {p.name: json.loads(p.read_text())
                                                   for p in sorted(log_dir.glob("host-breakdown-*.json"))}
+                if args.kernel_floor is not None and args.kernel_floor.exists():
+                    add_kernel_floor(result[part], json.loads(args.kernel_floor.read_text()))
             write(args.out_dir, stem, result)
     finally:
         stop_all(everything)
@@ -1021,6 +1103,38 @@ def markdown(r: dict[str, Any]) -> str:
                              f"{_f(wall['median_us'])} | {wall['iqr_us']} | "
                              f"{t.get('sglang_request_steps')} / "
                              f"{_f(t.get('hs_tracer_request_steps'))} |")
+        aa = [t for t in pr.get("throughput") or [] if "control_on_over_off" in t]
+        if aa:
+            lines += ["", "A/A control: a second untraced engine (`prod_off_b`) in the same pairs, every "
+                      "order of the three engines in turn; control = off wall / off_b wall; corrected = "
+                      "on/off over control, 95 % bootstrap interval over pairs; the corrected wall "
+                      "difference per step is what tracing adds once the bias is out:", "",
+                      "| batch | pairs | on/off | control on/off | control quartiles | corrected on/off | "
+                      "interval | corrected on - off wall us/step | interval | self-measured serving "
+                      "us/step (hooks + scheduler delay + kernel) |",
+                      "|---" * 10 + "|"]
+            for t in aa:
+                lines.append(f"| {t['batch_size']} | {t['pairs']} | {t['on_over_off']} | "
+                             f"{t['control_on_over_off']} | {t['control_on_over_off_iqr']} | "
+                             f"{t['corrected_on_over_off']} | {t['corrected_interval95']} | "
+                             f"{t['corrected_wall_us_per_step']} | {t['corrected_wall_us_interval95']} | "
+                             f"{_f((t.get('self_measured_us_per_step') or {}).get('serving_us'))} |")
+        kf = [t for t in pr.get("throughput") or [] if "kernel_floor_us" in t]
+        if kf:
+            lines += ["", "Fingerprint kernel per step (`kernel_floor_gpu.py`, same machine): the masked "
+                      "launch as recorded in the target-verify graph, graph replays; floor = bytes / copy "
+                      f"bandwidth ({pr['kernel_floor']['copy_bandwidth_gb_s']} GB/s) + an empty kernel's "
+                      "graph node:", "",
+                      "| batch | kernel_gpu_us | digest in device memory us "
+                      "| kernel_floor_us (bytes + launch) | x floor | reference (max rel. error, counts "
+                      "equal) |", "|---" * 6 + "|"]
+            for t in kf:
+                ref = t["reference"]
+                lines.append(f"| {t['batch_size']} | {t['kernel_gpu_us']} | {t['kernel_device_digest_us']} | "
+                             f"{t['kernel_floor_us']} "
+                             f"({t['kernel_bytes_floor_us']} + {t['launch_floor_us']}) | "
+                             f"{round(t['kernel_gpu_us'] / t['kernel_floor_us'], 2)} | "
+                             f"{ref['max_rel_error']:.1e}, {ref['counts_equal']} |")
         lines += ["", f"GPU memory (MiB, all processes of the server): {pr.get('gpu_memory_mib')}", ""]
         lines += _breakdown_lines(pr.get("host_breakdown") or {})
         if pr.get("error"):

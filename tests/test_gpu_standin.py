@@ -572,8 +572,9 @@ def test_prod_part_reports_the_self_measured_cost_next_to_the_wall_time_differen
     assert mod.counter(text, "hs_tracer_thread_cpu_seconds") == 0.003
     assert mod.gauge(text, "hs_tracer_fingerprint_kernel_gpu_seconds") == 7.5e-06
     assert mod.gauge(text, "hs_tracer_enabled") is None
-    own = mod.self_measured(30 * 15e-6, 0.003, 30, 7.5e-6)
-    assert own == {"hook_us": 15.0, "thread_cpu_us": 100.0, "kernel_gpu_us": 7.5, "total_us": 122.5}
+    own = mod.self_measured(30 * 15e-6, 0.003, 30, 7.5e-6, delay_s=30 * 4e-6)
+    assert own == {"hook_us": 15.0, "thread_cpu_us": 100.0, "kernel_gpu_us": 7.5, "total_us": 122.5,
+                   "scheduler_delay_us": 4.0, "serving_us": 26.5}
     assert mod.self_measured(0.0, 0.0, 0, None)["total_us"] is None
     assert mod.self_measured(30 * 15e-6, 0.0, 30, None)["total_us"] == 15.0  # on the CPU: no kernel
     wall = mod.wall_diff_us_per_step([1.0, 2.0, 1.0], [1.001, 2.003, 1.002], 100)
@@ -590,3 +591,35 @@ def test_prod_part_reports_the_self_measured_cost_next_to_the_wall_time_differen
                        "server_flags": [], "source": {"commit": "abc"},
                        "prod": {"throughput": [row]}})
     assert "| 8 | 15.0000 | 100.0000 | 7.5000 | 122.5000 | 20.0000 | [15.0, 25.0] | 240 / 240.0000 |" in md
+
+
+def test_prod_part_a_a_control_and_kernel_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The A/A figures from the pairs' wall times (a traced engine 1 % slower than two equal
+    untraced ones reads 0.99 corrected; an untraced engine 1 % faster than the other moves the
+    control, and the correction takes it out), and the kernel floor file merged per batch size."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sglang", ROOT / "benchmarks" / "gpu_sglang.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_sglang", mod)
+    spec.loader.exec_module(mod)
+    off = [1.0 + 0.001 * (i % 5) for i in range(18)]
+    aa = mod.aa_control({"off": off, "on": [1.01 * x for x in off], "off_b": list(off)})
+    assert aa["control_on_over_off"] == 1.0
+    assert aa["corrected_on_over_off"] == pytest.approx(1 / 1.01, abs=1e-4)
+    lo, hi = aa["corrected_interval95"]
+    assert lo <= aa["corrected_on_over_off"] <= hi
+    biased = mod.aa_control({"off": [1.01 * x for x in off], "on": [1.01 * x for x in off], "off_b": off})
+    assert biased["control_on_over_off"] == pytest.approx(1.01, abs=1e-4)
+    assert biased["corrected_on_over_off"] == pytest.approx(1 / 1.01, abs=1e-4)
+    prod = {"throughput": [{"batch_size": 8, "self_measured_us_per_step": {
+        "hook_us": 15.0, "kernel_gpu_us": 14.0, "serving_us": 34.0}}]}
+    floor = {"copy_bandwidth_gb_s": 4000.0, "method": "m", "machine": {}, "source": {},
+             "by_batch": {"8": {"kernel_gpu_us": 6.0, "kernel_floor_us": 3.5, "kernel_bytes_floor_us": 0.5,
+                                "launch_floor_us": 3.0, "kernel_device_digest_us": 5.0,
+                                "reference": {"max_rel_error": 1e-6, "counts_equal": True}}}}
+    mod.add_kernel_floor(prod, floor)
+    row = prod["throughput"][0]
+    assert row["kernel_gpu_us"] == 6.0 and row["kernel_floor_us"] == 3.5
+    assert row["self_measured_us_per_step"]["serving_us"] == 26.0  # the kernel at this batch's rows

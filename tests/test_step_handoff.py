@@ -314,3 +314,26 @@ def test_accept_lengths_joined_into_reused_memory_equal_a_fresh_join() -> None:
         got = committed_lengths(accept, sizes, skips, scratch)
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
     assert scratch.tensor.numel() >= 40 * 16
+
+
+def test_scheduler_delay_travels_with_the_first_chunk_to_its_counter_and_the_serving_cost() -> None:
+    """The recorder's measured delay of the steps goes with a batch's first chunk only, to
+    ``hs_tracer_scheduler_delay_seconds_total`` and into ``serving_us_per_step`` (hooks + delay +
+    kernel), which leaves the recorder's CPU time out."""
+    from hs_tracer.export.prometheus import SCHEDULER_DELAY
+
+    batch = _batch(10, 4e-6, 3e-3)
+    batch.scheduler_delay_s = 2e-4
+    chunks = batch.split(4)
+    assert [c.scheduler_delay_s for c in chunks] == [2e-4, 0.0, 0.0]
+    e = PrometheusExporter("m", Ranks(), serve=False)
+    cost = OwnCost()
+    for c in chunks:
+        e.record_scheduler_delay(c.scheduler_delay_s)
+        cost.add(c)
+    labels = {"model": "m", "engine": "sglang", **Ranks().labels()}
+    assert e.registry.get_sample_value(SCHEDULER_DELAY + "_total", labels) == pytest.approx(2e-4)
+    got = cost.to_json(7e-6)
+    assert got["scheduler_delay_us_per_step"] == pytest.approx(20.0)  # 0.2 ms over 10 steps
+    assert got["serving_us_per_step"] == pytest.approx(4.0 + 20.0 + 7.0)
+    assert got["total_us_per_step"] == pytest.approx(4.0 + 300.0 + 7.0)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,6 +46,7 @@ from hs_tracer.export.analysis import Analysis, ExportSetup, Health
 from hs_tracer.export.batch import Scratch, StepBatch
 from hs_tracer.export.otel import OtelExporter
 from hs_tracer.export.process import ExportProcess
+from hs_tracer.export.step_delay import StepDelay, drain
 
 if TYPE_CHECKING:
     from hs_tracer.config import TracerConfig
@@ -67,6 +69,7 @@ class StepSource(Protocol):
     log: Sized
     outbox: Any  # request events the OTel exporter adds to SGLang's request traces (``extend``)
     forward_after: int  # steps logged before a hand-off is due (half the log or digest ring)
+    step_clock: deque[float]  # a clock reading per decode step (export/step_delay.py)
     input_width: int | None
     decode: ProbeSource | None
     prefill: ProbeSource | None
@@ -178,6 +181,7 @@ class Recorder(threading.Thread):
         self.cpu_busy_s = 0.0
         self.cpu_idle_s = 0.0
         self._took = False  # this wake-up took a batch of steps
+        self.delay = StepDelay()  # what this thread's work costs the steps, measured on them
 
     # ---- thread ------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -192,7 +196,12 @@ class Recorder(threading.Thread):
             interval = BATCH_INTERVAL_S
             while not self._stopping.wait(interval):
                 self._wake_cpu = time.thread_time()
+                start = time.perf_counter()
+                if self.st.steps is not None:
+                    self.delay.steps(drain(self.st.steps.step_clock))
                 interval = self._wake()
+                if self._took:
+                    self.delay.busy(start, time.perf_counter())
                 rest = time.thread_time() - self._wake_cpu
                 if self._took:
                     self._cpu_busy += rest
@@ -243,7 +252,7 @@ class Recorder(threading.Thread):
         if self.analysis.work(batches, self._read_window(), self._health(), between=_yield):
             self.st.write_report()
         if batches:
-            self.analysis.add_thread_cpu(self._attribute())
+            self.analysis.add_thread_cpu(self._attribute(), self.delay.take())
         return BATCH_INTERVAL_S
 
     def _attribute(self) -> float:
@@ -283,6 +292,7 @@ class Recorder(threading.Thread):
                 status = self.st.status()
             if batches:  # the steps carry this thread's CPU so far, the status just built included
                 batches[0].thread_cpu_s = self._attribute()
+                batches[0].scheduler_delay_s = self.delay.take()
             for batch in batches:
                 export.queue_batch(batch)
             for _slot, window in windows:  # written from the slots' own memory

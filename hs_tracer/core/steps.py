@@ -193,6 +193,9 @@ class StepPath:
         # the probe's digest ring hold, so neither drops while a hand-off is due.
         self.forward_after = max(1, min(self.log.capacity, int(ring or capacity)) // 2)
         self._host_s = 0.0  # host time in the per-step hooks since the last record
+        # each decode step's clock reading, for the recorder's measure of what it costs the steps
+        # (export/step_delay.py); the recorder pops them, bounded if it falls behind
+        self.step_clock: deque[float] = deque(maxlen=4 * capacity)
         # (step, request list) of the two latest decode launches that named their requests
         self._launches: tuple[tuple[int, Any] | None, tuple[int, Any] | None] = (None, None)
         self._processor: Any = None  # SGLang's result processor seen last, and whether it overlaps
@@ -205,6 +208,7 @@ class StepPath:
         ``segments``: the row ranges of ``features`` that feed the windows (None: every row), e.g.
         vLLM's batch without its rows at position 0."""
         started = perf_counter()
+        self.step_clock.append(started)
         step = self.decode_steps = self.decode_steps + 1
         setattr(result, STEP_ATTR, step)
         if reqs is not None:

@@ -176,11 +176,13 @@ class OwnCost:
     steps: int = 0
     hook_s: float = 0.0
     thread_cpu_s: float = 0.0
+    scheduler_delay_s: float = 0.0
 
     def add(self, batch: StepBatch) -> None:
         self.steps += len(batch)
         self.hook_s += float(batch.host_s.sum())
         self.thread_cpu_s += batch.thread_cpu_s
+        self.scheduler_delay_s += batch.scheduler_delay_s
 
     def to_json(self, kernel_gpu_s: float | None) -> dict[str, Any]:
         """Per-step figures in µs (None before the first step); ``total_us_per_step`` adds the three
@@ -197,6 +199,10 @@ class OwnCost:
                 "thread_cpu_us_per_step": per_step(self.thread_cpu_s),
                 "host_us_per_step": total, "kernel_gpu_us_per_step": kernel,
                 "total_us_per_step": None if total is None else round(total + (kernel or 0.0), 3),
+                # what serving loses: hooks + the steps' measured wait for the recorder + GPU time
+                "scheduler_delay_us_per_step": per_step(self.scheduler_delay_s),
+                "serving_us_per_step": None if not n else round(
+                    (self.hook_s + self.scheduler_delay_s) / n * 1e6 + (kernel or 0.0), 3),
                 "thread_cpu_seconds": round(self.thread_cpu_s, 6)}
 
 
@@ -326,6 +332,7 @@ class Analysis:
             for i in range(len(batch)) if tracing else sampled:
                 rec = batch.record(i, self.setup.ranks, hidden, self._digests.find(int(batch.steps[i])))
                 otel.record_step(rec, rec.trace_ctxs, sampled=i in sampled, deliver=self._request_events)
+        self._prom.record_scheduler_delay(batch.scheduler_delay_s)
         self._prom.record_batch(len(batch), counts, batch.draft_tokens(), int(batch.time_unix_ns[-1]),
                                 batch.input_width, digest, nonfinite_counts, batch.host_s.tolist(),
                                 thread_cpu_s=batch.thread_cpu_s)
@@ -418,11 +425,14 @@ class Analysis:
         self._prom.record_health(dropped=h.dropped, hook_errors=h.hook_errors, enabled=h.enabled,
                                  spans_dropped=self._otel.dropped if self._otel is not None else None)
 
-    def add_thread_cpu(self, seconds: float) -> None:
+    def add_thread_cpu(self, seconds: float, delay_s: float = 0.0) -> None:
         """CPU seconds of the scheduler process's recorder thread, attributed to the steps of the
-        batches just worked off (``thread`` mode, where this analysis runs in that thread)."""
+        batches just worked off (``thread`` mode, where this analysis runs in that thread), and
+        what that work measurably delayed the steps (export/step_delay.py)."""
         self.cost.thread_cpu_s += seconds
+        self.cost.scheduler_delay_s += delay_s
         self._prom.record_thread_cpu(seconds)
+        self._prom.record_scheduler_delay(delay_s)
 
     def overhead_json(self) -> dict[str, Any]:
         """The ``overhead`` block of the live report: hs_tracer's own cost per verify step."""

@@ -52,6 +52,9 @@ class StepBatch:
     # CPU seconds hs_tracer's recorder thread spent in the scheduler process since the previous
     # batch (it shares the scheduler's GIL): its cost, attributed to this batch's steps
     thread_cpu_s: float = 0.0
+    # what the recorder's work cost the scheduler thread's steps since the previous batch, measured
+    # on the steps (export/step_delay.py)
+    scheduler_delay_s: float = 0.0
 
     @classmethod
     def from_run(cls, run: StepRun, digest_steps: np.ndarray, digest_tokens: np.ndarray,
@@ -96,7 +99,8 @@ class StepBatch:
                 digest_raws=self.digest_raws if first else self.digest_raws[:0],
                 max_accept_length=self.max_accept_length, input_width=self.input_width,
                 requests=self.requests[start:stop] if self.requests is not None else None,
-                thread_cpu_s=self.thread_cpu_s if first else 0.0))
+                thread_cpu_s=self.thread_cpu_s if first else 0.0,
+                scheduler_delay_s=self.scheduler_delay_s if first else 0.0))
         return out
 
     def draft_tokens(self) -> int:

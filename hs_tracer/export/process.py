@@ -100,7 +100,8 @@ class ExportProcess:
         if batch.num_draft_tokens.size and int(batch.num_draft_tokens.max()) <= np.iinfo(np.int8).max:
             arrays[ARRAYS.index("lengths")] = self._int8(batch.lengths)
         self._queue("steps", {"max_accept_length": batch.max_accept_length, "input_width": batch.input_width,
-                              "thread_cpu_s": batch.thread_cpu_s}, arrays)
+                              "thread_cpu_s": batch.thread_cpu_s,
+                              "scheduler_delay_s": batch.scheduler_delay_s}, arrays)
 
     def _int8(self, lengths: np.ndarray) -> np.ndarray:
         """``lengths`` as int8, in memory reused from one flush to the next."""
@@ -151,7 +152,8 @@ class _Worker:
             self.batches.append(StepBatch(**dict(zip(ARRAYS, arrays, strict=True)),
                                           max_accept_length=meta["max_accept_length"],
                                           input_width=meta["input_width"],
-                                          thread_cpu_s=meta.get("thread_cpu_s", 0.0)))
+                                          thread_cpu_s=meta.get("thread_cpu_s", 0.0),
+                                          scheduler_delay_s=meta.get("scheduler_delay_s", 0.0)))
         elif kind == "window":
             window = window_from_message(arrays)
             self.window = window if self.window is None else self.window.merge(window)

@@ -75,6 +75,7 @@ SPANS_DROPPED = "hs_tracer_spans_dropped"
 ENABLED = "hs_tracer_enabled"
 HOST_OVERHEAD = "hs_tracer_host_overhead_seconds"
 THREAD_CPU = "hs_tracer_thread_cpu_seconds"
+SCHEDULER_DELAY = "hs_tracer_scheduler_delay_seconds"
 KERNEL_GPU = "hs_tracer_fingerprint_kernel_gpu_seconds"
 EXPECTED_ACCEPT_LENGTH = "hs_tracer_expected_accept_length"
 START_TIME = "hs_tracer_start_time_seconds"
@@ -266,9 +267,15 @@ class _Metrics:
             THREAD_CPU, "CPU time of hs_tracer's background thread in the scheduler process (it "
             "shares the scheduler's GIL), in seconds; per verify step: its rate over the steps' rate.",
             base, **kw)
+        self.scheduler_delay = Counter(
+            SCHEDULER_DELAY, "Time the scheduler thread's decode steps lost to hs_tracer's background "
+            "thread (waiting for the GIL it held), in seconds, measured on the steps: steps overlapping "
+            "its work against steps clear of it. Per verify step: its rate over the steps' rate.",
+            base, **kw)
         self.kernel_gpu = Gauge(
             KERNEL_GPU, "GPU time of the fingerprint kernel per verify step, in seconds, timed once when "
-            "the probe was warmed (64 rows). Absent on the CPU.", base, **gauge_kw)
+            "the probe was warmed (64 rows, the launch as recorded in the target's graphs, replayed "
+            "from a CUDA graph). Absent on the CPU.", base, **gauge_kw)
 
 
 class PrometheusExporter:
@@ -318,6 +325,7 @@ class PrometheusExporter:
         self._enabled = m.enabled.labels(**b)
         self._host_overhead = _WeightedHistogram(m.host_overhead.labels(**b))
         self._thread_cpu = m.thread_cpu.labels(**b)
+        self._scheduler_delay = m.scheduler_delay.labels(**b)
         self._enabled.set(1)
         m.start_time.labels(**b).set(time.time())
         self._totals = {"dropped": 0, "hook_errors": 0, "spans_dropped": 0}
@@ -436,6 +444,11 @@ class PrometheusExporter:
         flush, with them)."""
         with self._lock:
             self._pending.thread_cpu_s += seconds
+
+    def record_scheduler_delay(self, seconds: float) -> None:
+        """What the recorder's work measurably cost the steps (counted at once)."""
+        if seconds > 0:
+            self._scheduler_delay.inc(seconds)
 
     def flush(self) -> None:
         """Push the steps summed since the last flush to the metrics."""

@@ -185,25 +185,46 @@ class FingerprintProbe:
             stream.synchronize()
 
     def _time_kernel(self, dtype: torch.dtype, stream: torch.cuda.Stream) -> float | None:
-        """The fused kernel's GPU time for one step of ``GPU_TIMING_ROWS`` rows (median of CUDA
-        events around single launches), measured once here, at construction, where a sync is
-        allowed: the per-step GPU part of hs_tracer's own cost, which no host clock sees. Launched
-        into the workspace's own digest buffer (no ring row, no launch graph kept); the window sums
-        it adds are reset by the caller. None if the timing fails (it is a report, not a check)."""
-        from hs_tracer.fingerprint.kernel import fingerprint_fused
+        """The kernel's GPU time for one step of ``GPU_TIMING_ROWS`` rows as it runs while serving:
+        the masked launch, digest into a pinned ring, ``GPU_TIMING_LAUNCHES`` of them captured in
+        one CUDA graph over rotating random inputs and replayed (median of five replays, per
+        launch). Events around single launches would add the host's launch latency to it. Measured
+        once here, at construction, where a sync is allowed: the per-step GPU part of hs_tracer's
+        own cost, which no host clock sees. A workspace and ring of its own (nothing reaches the
+        window or the step ring). None if the timing fails (it is a report, not a check)."""
+        from hs_tracer.fingerprint import kernel
+        from hs_tracer.fingerprint.ring import DigestRing
 
         try:
-            x = torch.randn((self.GPU_TIMING_ROWS, self._width), device=self.device).to(dtype)
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(self.GPU_TIMING_LAUNCHES)]
-            fingerprint_fused(x, self._ws)  # this shape's first launch binds through the JIT
-            for start, end in events:
+            rows, launches = self.GPU_TIMING_ROWS, self.GPU_TIMING_LAUNCHES
+            xs = [torch.randn((rows, self._width), device=self.device).to(dtype) for _ in range(4)]
+            valid = torch.ones(rows, dtype=torch.int64, device=self.device)
+            ws = kernel.FingerprintWorkspace(self.num_slots, self.hidden, self.device, self._ws.config)
+            ring = DigestRing(self.num_slots, 4, self.device, pinned=True)
+            target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
+
+            def launch(i: int) -> None:
+                kernel.fingerprint_fused(xs[i % len(xs)], ws, ring=target, valid=valid, enable=self._ig_on)
+
+            launch(0)  # binds this specialisation through the JIT
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                for i in range(launches):
+                    launch(i)
+            stream.wait_stream(side)
+            graph.replay()
+            times = []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record(stream)
-                fingerprint_fused(x, self._ws)
+                graph.replay()
                 end.record(stream)
-            stream.synchronize()  # construction time, not a step
-            times = sorted(start.elapsed_time(end) for start, end in events)
-            return times[len(times) // 2] / 1e3
+                end.synchronize()  # construction time, not a step
+                times.append(start.elapsed_time(end) / 1e3 / launches)
+            del graph
+            return sorted(times)[len(times) // 2]
         except Exception:  # the kernel worked above: only the timing failed; report it as unknown
             logger.debug("hs_tracer: could not time the fingerprint kernel", exc_info=True)
             return None

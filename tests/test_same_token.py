@@ -46,7 +46,8 @@ def test_rows_from_no_candidate_are_not_named():
     cands = _stream()
     other = torch.randn(64, 1, 32)
     got = identify(other, cands, tolerance_for(torch.float32))[0]
-    assert got.sources == () and "no candidate" in got.describe()
+    assert got.sources == () and got.fed_none and "none of the target's layers" in got.describe()
+    assert got.runner_up != got.nearest
 
 
 def test_shapes_are_checked():

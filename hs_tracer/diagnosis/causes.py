@@ -21,7 +21,9 @@ FEATURES = "features"
 VOCABULARY = "vocabulary_map"
 NORM_FLAGS = "norm_flags"
 ACCEPTANCE = "acceptance"
-CAPTURE_LOOP = "capture_loop"
+CAPTURE_LOOP = "capture_loop"  # the engine feeds another layer than its record says
+CAPTURE_ORDER = "capture_order"  # the engine concatenates the slots in another order than trained
+CAPTURE_CHANNEL = "capture_channel"  # the engine feeds a value none of the target's layers has
 
 _BY_CODE = {
     Code.LAYER_IDS_IGNORED: LAYER_IDS,
@@ -35,7 +37,8 @@ _BY_CODE = {
     Code.ACCEPTANCE_DROP: ACCEPTANCE,
 }
 # Where a symptom goes, first match wins: wiring causes, then the non-wiring ones in likelihood order.
-_SYMPTOM_HOSTS = (LAYER_IDS, CAPTURE_LOOP, INPUT_WIDTH, FEATURES, Code.FEATURES_FROM_OTHER_REQUESTS.value,
+_SYMPTOM_HOSTS = (LAYER_IDS, CAPTURE_CHANNEL, CAPTURE_ORDER, CAPTURE_LOOP, INPUT_WIDTH, FEATURES,
+                  Code.FEATURES_FROM_OTHER_REQUESTS.value,
                   VOCABULARY, NORM_FLAGS)
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 

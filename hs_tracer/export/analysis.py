@@ -335,7 +335,7 @@ class Analysis:
         the engine slot and candidate rows are the same tensors' values)."""
         import torch
 
-        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, identify
+        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, explain, identify
 
         names = list(names)
         if not names or slots.size == 0:
@@ -349,7 +349,10 @@ class Analysis:
         rows = torch.from_numpy(np.array(slots, dtype=np.float32))
         cands = {n: torch.from_numpy(np.array(candidates[i], dtype=np.float32))
                  for i, n in enumerate(names)}
-        self.measured = identify(rows, cands, EXACT_TOLERANCE)
+        # a slot fed none of the layers: of the channel transforms only a constant scale survives the
+        # projection (a norm, a sublayer output or a shard of the channels is not among the candidates)
+        self.measured = [explain(m, rows[:, m.index], cands, shards=False)
+                         for m in identify(rows, cands, EXACT_TOLERANCE)]
         self._dirty = True
 
     def _diagnose(self, window: ChannelStats) -> None:

@@ -197,7 +197,8 @@ def test_a_capture_channel_that_hands_over_a_value_no_layer_has_is_named_as_such
 
     seqs = real["states"]
     replaced = {k: channel_rows(real["target"].model, seqs, TRAINED[k], fault) for k in (1, 2)}
-    live = write_capture(tmp_path / "cap", seqs, TRAINED, TRAINED, real["target"].num_layers, replaced=replaced)
+    layers = real["target"].num_layers
+    live = write_capture(tmp_path / "cap", seqs, TRAINED, TRAINED, layers, replaced=replaced)
     code, doc = _diagnose(capsys, live, real, "--target", str(real["target_dir"]), *MEASURE)
     assert code == 1, doc
     slots = doc["measured"]["slots"]

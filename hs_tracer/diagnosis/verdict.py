@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
-from hs_tracer.diagnosis.causes import CAPTURE_CHANNEL, CAPTURE_LOOP, CAPTURE_ORDER
+from hs_tracer.diagnosis.causes import CAPTURE_CHANNEL, CAPTURE_LOOP, CAPTURE_ORDER, ORDER_FIX, channel_fix
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.same_token import MeasuredSlot
 from hs_tracer.findings import Acceptance, Code, Finding, Severity, SlotVerdict
@@ -47,23 +47,6 @@ CAPTURE_LOOP_FIX = ("the engine's capture loop does not feed what its layers_to_
                     "that differs from hs_tracer's): fix or report the target's model class in the engine, "
                     "or serve on a release whose loop captures as recorded; the draft config cannot fix this."
                     " hs-tracer check shows the ids as the engine reads them")
-ORDER_FIX = ("the engine concatenates the aux states in another order than the draft was trained on: its "
-             "loop appends each captured layer as it reaches it, so the slots come in ascending layer order "
-             "whatever order the ids are listed in (SGLang sorts them), unless the code that collects and "
-             "concatenates them (the model body's loop, an aux-state packer, the logits processor) reorders "
-             "them; fix that code, or serve a draft whose fc input blocks are permuted to the served order. "
-             "Reordering the draft config's ids changes nothing the engine feeds")
-CHANNEL_FIX = ("the engine's capture channel hands the draft a value none of the target's layers has{how}: "
-               "fix the code that appends the aux state in the target's model loop: it must append the "
-               "residual stream entering the captured layer (hidden_states + residual, before that layer's "
-               "input norm, gathered over the tensor ranks, unscaled). The draft's layer ids cannot fix this")
-CHANNEL_HOW = {
-    "residual_left_out": " (it appends the sublayer output without adding the residual, which fused add-norm "
-                         "layers hand back separately)",
-    "input_norm": " (it appends the value after the next layer's input norm)",
-    "shard": " (it appends one tensor rank's shard where the gathered state belongs)",
-    "scale": " (it rescales the value: a dtype or dequantisation scale in between)",
-}
 _WIRING_CODES = (Code.LAYER_IDS_IGNORED, Code.LAYER_ID_CONVENTION, Code.DRAFT_INPUT_WIDTH_MISMATCH,
                  Code.SLOT_SOURCE_MISMATCH, Code.CAPTURE_RECORD_MISMATCH)
 _SLOT_CODES = (Code.SLOT_SOURCE_MISMATCH, Code.SLOT_SOURCE_UNRESOLVED, Code.FEATURE_DRIFT)
@@ -116,12 +99,6 @@ class SlotEvidence:
     recorded: str | None
     candidates: tuple[str, ...] = ()
     none: bool = False  # measured: the rows equal none of the target's layers
-
-
-def channel_fix(transform: Mapping[str, Any] | None) -> str:
-    """The fix of a slot fed a value no layer has: the capture channel's code, and which value it
-    appends where a tested transform says so."""
-    return CHANNEL_FIX.format(how=CHANNEL_HOW.get((transform or {}).get("transform", ""), ""))
 
 
 def reordered(k: int, fed: Mapping[int, str | None], trained: Mapping[int, str]) -> bool:

@@ -330,8 +330,9 @@ def test_the_fix_of_a_measured_slot_follows_its_cause() -> None:
     judged = Report(slots=[SlotVerdict(k, s, "embedding" if k == 0 else s, 0.6)
                            for k, s in enumerate(trained)])
     none = MeasuredSlot(0, (), rows=256, error=0.93, nearest="block:0", runner_up="block:1",
-                        runner_up_error=0.95, tolerance=1e-3, transform={"transform": "residual_left_out", "source": "block:1",
-                                                   "error": 0.0, "words": "block:1's output alone"})
+                        runner_up_error=0.95, tolerance=1e-3,
+                        transform={"transform": "residual_left_out", "source": "block:1", "error": 0.0,
+                                   "words": "block:1's output alone"})
     swapped = [MeasuredSlot(k, (s,), rows=256, error=0.0, nearest=s, runner_up="block:0", runner_up_error=0.3,
                             tolerance=1e-3) for k, s in ((1, "block:26"), (2, "block:14"))]
     report = live_report([], judged, None, None, engine_layers_checked=True, measured=[none, *swapped])

@@ -72,7 +72,7 @@ BACKGROUND_MAKE = $(MAKE)
 RELEASE_ENGINE_TESTS := tests/test_release_engine.py tests/test_eagle_lossless.py \
 	tests/test_engine_eagle.py::test_fault_leaves_serving_unchanged tests/test_faults_engine.py
 
-.PHONY: demo test test-fast test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine
+.PHONY: demo serve check-rules test test-fast test-vllm lint venv venv-vllm trainer-runs lock clean release-checks release-engine
 
 # The installs' own output goes to $(INSTALL_LOG), one line says so, and its end is shown only when a
 # step fails: what `make demo` prints is the demo.
@@ -138,6 +138,24 @@ else
 demo: $(STAMP)
 	@$(BIN)/hs-tracer demo
 endif
+
+# A traced testbed server on the CPU, as production runs one (SGLang's HTTP server, --enable-metrics):
+# /generate and /metrics (SGLang's and hs_tracer's series) on port SERVE_PORT; DRAFT=ids_shifted (or
+# aux_off, ids_top_level) serves a miswired copy. docs/testbed.md says how to point the dashboard at it.
+SERVE_PORT ?= 30000
+DRAFT ?= configured
+serve: $(STAMP)
+	$(BIN)/python -m hs_tracer_testbed.serve --port $(SERVE_PORT) --draft $(DRAFT)
+
+# The alert rules, their unit tests and the Prometheus and Alertmanager configs, checked by the real
+# tools (Debian's prometheus and prometheus-alertmanager), and the rendered rules current with the code.
+check-rules: $(STAMP)
+	tests/infra/prometheus.sh
+	$(BIN)/hs-tracer dashboards build --check
+	promtool check rules deploy/prometheus/rules/*.yml
+	promtool test rules deploy/prometheus/tests/*.test.yml
+	promtool check config --syntax-only deploy/prometheus/prometheus.yml
+	amtool check-config deploy/alertmanager/alertmanager.yml
 
 test: $(STAMP)
 ifeq ($(SGLANG),$(NEWEST_SGLANG))

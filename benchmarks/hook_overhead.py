@@ -345,7 +345,7 @@ def busy_iterations(us: float) -> int:
 
 def bench_loop(st: state.TracerState, n: int, device: torch.device, steps: int, blocks: int,
                python_us: float, gpu_us: float, launch: str) -> dict:
-    from hs_tracer.export.recorder import Recorder
+    from hs_tracer.core.recorder import Recorder
 
     running, snapshot, results = step_inputs(n, device)
     target_plain, target_traced = target_graph(st, results, launch)

@@ -53,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
     import hook_overhead as ho
     import torch
 
-    from hs_tracer.export.recorder import Recorder
+    from hs_tracer.core.recorder import Recorder
 
     cpu_device = torch.device("cpu")
     st = ho.make_state(cpu_device, None, *([args.export] if args.export != "thread" else []))

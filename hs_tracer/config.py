@@ -1,7 +1,7 @@
 """TracerConfig: every ``HS_TRACER_*`` environment variable, parsed in one place.
 
 Invalid values never crash serving: :func:`load` returns the config together with the errors, and
-the plugin logs them in one line and stays off. The variables are documented in README.md.
+the plugin logs them in one line and stays off. The variables are documented in docs/interfaces.md.
 """
 
 from __future__ import annotations

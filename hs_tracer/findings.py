@@ -44,6 +44,7 @@ class Code(str, enum.Enum):
     CAPTURE_RECORD_MISMATCH = "capture_record_mismatch"  # the engine's record of a slot is not what it feeds
     TRAINING_RECORD_MISMATCH = "training_record_mismatch"  # a dump's ids say other layers than its rows hold
     SLOT_SOURCE_UNRESOLVED = "slot_source_unresolved"  # warning: the window cannot name a slot's source
+    PROFILE_UNREADABLE = "profile_unreadable"  # warning: HS_TRACER_PROFILE cannot be read, unused
 
 
 NOT_WIRING = (Code.FEATURE_DRIFT, Code.ACCEPTANCE_DROP)

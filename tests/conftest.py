@@ -56,6 +56,25 @@ def testbed():
 
 
 @pytest.fixture(scope="session")
+def small():
+    """A smaller testbed (hidden size 32): another model than the testbed's."""
+    from hs_tracer_testbed import build
+
+    return build.ensure_testbed(recipe=build.Recipe.small(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def small_profile(small, tmp_path_factory) -> Path:
+    """The reference profile of the small testbed: a profile of another model for the testbed."""
+    from hs_tracer.cli import main
+
+    out = tmp_path_factory.mktemp("small") / "small.profile"
+    assert main(["profile", "build", str(small.specforge_data), "-o", str(out), "--draft", str(small.draft),
+                 "--target", str(small.target), "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def testbed_profile(testbed) -> Path:
     """The reference profile of the testbed draft's training data (with the all-layer atlas)."""
     from hs_tracer_testbed.demo import testbed_profile as build

@@ -86,25 +86,24 @@ def test_testbed_draft_passes_clean(
     assert report["preflight"]["target"]["family"] == "deepseek"
 
 
-def test_human_output_one_line_per_finding(
+def test_human_output_leads_with_one_block_per_root_cause(
     testbed: tb.TestbedPaths, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out = run_cli(
-        capsys,
-        "--draft",
-        testbed.draft,
-        "--target",
-        testbed.target / "config.json",
-        "--server-args",
-        "--speculative-algorithm EAGLE --speculative-num-steps 3 "
-        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
-    )
+    """The cause and its fix first; the findings under it only with --verbose (always in the JSON)."""
+    args = ("--draft", testbed.draft, "--target", testbed.target / "config.json", "--server-args",
+            "--speculative-algorithm EAGLE --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+    code, out = run_cli(capsys, *args)
     assert code == 1
-    first = out.splitlines()[0]
+    first, second = out.splitlines()[:2]
     assert first.startswith("[critical] root cause: --speculative-algorithm EAGLE")
-    lines = [x for x in out.splitlines() if x.strip().startswith("[") and "root cause" not in x]
-    assert len(lines) == 1 and "[critical] draft_input_width_mismatch" in lines[0] and "fix:" in lines[0]
-    assert "status: miswired" in out
+    assert second.startswith("  fix: ")
+    assert "draft_input_width_mismatch" not in out and "status: miswired" in out
+    code, verbose = run_cli(capsys, *args, "--verbose")
+    assert code == 1 and verbose.splitlines()[:2] == [first, second]
+    (finding,) = [x for x in verbose.splitlines() if "[critical] draft_input_width_mismatch" in x]
+    assert finding.startswith("  - ") and "fix:" in finding
+    assert verbose.index(finding) < verbose.index("status: miswired")
 
 
 def test_variant_ids_shift_against_profile(
@@ -205,7 +204,7 @@ def test_the_default_ids_of_a_three_layer_deepseek_target_crash_0_5_13_only(
     draft = specforge_draft(tmp_path / "draft", layer_ids=None, eagle_config=None)
     code, out = run_cli(capsys, "--draft", draft, "--target", target, "--sglang-version", version)
     assert code == exit_code, out
-    assert ("[critical] capture_raises: SGLang 0.5.13 will crash at the first forward" in out) == (
+    assert ("[critical] root cause: SGLang 0.5.13 will crash at the first forward" in out) == (
         version == "0.5.13")
     assert "embedding" in out
 

@@ -18,6 +18,7 @@ import pytest
 
 import hs_tracer.dashboards as dashboards
 from hs_tracer.dashboards import alerts, lint, overview
+from hs_tracer.diagnosis.report import Report
 from hs_tracer.export.prometheus import PrometheusExporter
 from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.records import Ranks, WiringRecord
@@ -56,7 +57,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
         good, bad = exporters[GOOD], exporters[BAD]
         for rec in make_steps(150, seed=1, ranks=good.ranks, p_accept=0.45, num_draft_tokens=NDT):
             good.record_step(rec)
-        good.record_slots([SlotVerdict(0, "block:1", "block:1", 0.96, 0.4),
+        good.record_checks({})
+        good.record_slots([SlotVerdict(0, "block:1", "block:1", 1.0, measured_error=0.0, measured_rows=8,
+                                       measured_runner_up_error=0.4),
                            SlotVerdict(1, "block:3", "block:3", 0.94, 0.3),
                            SlotVerdict(2, "block:5", "block:5", 0.95, 0.3)], drift=[0.8, 1.3, 0.6])
         good.record_finding(Finding(Code.INSUFFICIENT_DATA, Severity.INFO, "warming up"))
@@ -67,8 +70,12 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]
         bad.record_slots([SlotVerdict(0, "block:1", "block:0", 0.91, 0.2),
                           SlotVerdict(1, "block:3", "block:3", 0.93, 0.3),
                           SlotVerdict(2, "block:5", "block:5", 0.92, 0.3)], drift=[1.1, 7.5, 0.9])
-        bad.record_finding(Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, "slot 0 carries block:0",
-                                   slot=0, expected="block:1", observed="block:0"))
+        mismatch = Finding(Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, "slot 0 carries block:0",
+                           "make the engine feed block:1 in slot 0", slot=0, expected="block:1",
+                           observed="block:0")
+        bad.record_finding(mismatch)
+        bad.record_root_causes(Report(findings=[mismatch]).root_causes())
+        bad.record_checks({"identity": "HS_TRACER_IDENTITY_EVERY=0"})
         bad.record_health(dropped=9, hook_errors=1, enabled=False, host_overhead_s=30e-6, spans_dropped=4)
         for model, (tokens, gauge, itl, ttft, running) in engine.items():
             fast = model == GOOD
@@ -158,6 +165,7 @@ EXPECTED_FIRING = {
     "HsTracerDisabled": {BAD},
     "HsTracerHookErrors": {BAD},
     "HsTracerRecordsDropped": {BAD},
+    "HsTracerChecksOff": {BAD},
     # both deployments are scraped with hs_tracer loaded: the presence rules stay quiet
     "HsTracerAbsent": set(),
     "HsTracerNotLoaded": set(),

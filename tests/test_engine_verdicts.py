@@ -77,6 +77,16 @@ def test_demo_ends_with_one_verdict_line(engines) -> None:
     assert alone[-1] == ("verdict: fix this before relying on speculation: set "
                          "eagle_config.eagle_aux_hidden_state_layer_ids to [1, 3, 4]")
     assert exit_code([run("ids_shifted")], expect_miswired=False) == 1
+    # the miswiring is one block: the cause, its fix, the three slots it explains, the findings counted
+    block = alone[alone.index(next(x for x in alone if "root cause:" in x)):]
+    assert sum("root cause:" in x for x in alone) == 1
+    assert block[1] == "     fix: set eagle_config.eagle_aux_hidden_state_layer_ids to [1, 3, 4]"
+    assert [x.split(":")[0].strip() for x in block[2:5]] == ["slot 0", "slot 1", "slot 2"]
+    assert re.fullmatch(r" +\(\d+ findings under this cause: --verbose or --json lists them\)", block[5])
+    assert block[6].strip() == "status: miswired" and not any("] slot_source_mismatch" in x for x in alone)
+    verbose = human([run("ids_shifted")], verbose=True).splitlines()
+    listed = [x for x in verbose if x.strip().startswith("- [critical] ")]
+    assert listed and verbose.index(listed[-1]) < verbose.index("   status: miswired")
     # one numbering on screen: canonical sources, SGLang's layers_to_capture only with --verbose
     assert not any("layers_to_capture" in line for line in caught)
     assert any("layers_to_capture [2, 4, 5]" in line

@@ -27,23 +27,11 @@ def testbed() -> tb.TestbedPaths:
 
 
 @pytest.fixture(scope="module")
-def small() -> tb.TestbedPaths:
-    return tb.ensure_testbed(recipe=tb.Recipe.small(), progress=False)
-
-
-@pytest.fixture(scope="module")
 def profile(testbed: tb.TestbedPaths) -> Path:
     from hs_tracer_testbed.demo import testbed_profile
 
     return testbed_profile(testbed)
 
-
-@pytest.fixture(scope="module")
-def small_profile(small: tb.TestbedPaths, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("small") / "small.profile"
-    assert main(["profile", "build", str(small.specforge_data), "-o", str(out), "--draft", str(small.draft),
-                 "--target", str(small.target), "--no-progress"]) == 0
-    return out
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:

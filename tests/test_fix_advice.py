@@ -263,6 +263,21 @@ def test_profile_mismatch_names_the_right_profile(tmp_path, testbed) -> None:
         "use the profile built for this target's training data (hs-tracer profile build)")
 
 
+def test_an_unreadable_profile_is_named_and_leaves_serving_alone(tmp_path) -> None:
+    """A profile file that is no profile: one warning whose fix points at the file, the slot and
+    acceptance checks reported off (never a hook error that would switch tracing off)."""
+    from hs_tracer.config import TracerConfig
+    from hs_tracer.integrations.sglang.state import TracerState
+
+    broken = tmp_path / "truncated.profile"
+    broken.write_bytes(b"\x00" * 16)
+    st = TracerState(TracerConfig(profile=broken))
+    trained, finding = st.trained_sources()
+    assert trained is None and st.profile_fits is False and finding is not None
+    assert finding.code is Code.PROFILE_UNREADABLE and str(broken) in finding.message
+    assert _root(Report(findings=[finding]), Code.PROFILE_UNREADABLE).startswith("point HS_TRACER_PROFILE at")
+
+
 def test_a_capture_loop_that_is_not_what_the_engine_records_is_fixed_in_the_engine_not_the_config() -> None:
     """The engine records the trained source for slot 0 while the rows it feeds measurably equal the
     next block's: the fix points at the target's model class in the engine; the draft config has

@@ -374,7 +374,7 @@ def test_probe_is_built_at_startup_not_on_the_first_serving_step(monkeypatch: py
 
     monkeypatch.setattr(state_mod, "_ranks", lambda: (Ranks(), True))
     monkeypatch.setattr(state_mod, "_role", lambda: "null")
-    monkeypatch.setattr("hs_tracer.export.recorder.Recorder", NoRecorder)
+    monkeypatch.setattr("hs_tracer.core.recorder.Recorder", NoRecorder)
     built: list[int] = []
     init = probe_mod.FingerprintProbe.__init__
     monkeypatch.setattr(probe_mod.FingerprintProbe, "__init__",

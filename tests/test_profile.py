@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from hs_tracer.cli import build_parser, main
-from hs_tracer.commands.profile import BuildRequest, build_profile_file
 from hs_tracer.profile import build, readers
 from hs_tracer.profile.capture_format import CaptureManifest, CaptureWriter, read_manifest
 from hs_tracer.profile.model import Profile, ProfileError, merge_profiles
+from hs_tracer.profile_builder import BuildRequest, build_profile_file
 from hs_tracer.sources import Convention
 
 

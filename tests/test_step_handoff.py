@@ -177,7 +177,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.observability import trace as sgl_trace
 from hs_tracer.config import TracerConfig
-from hs_tracer.export import recorder as recorder_mod
+from hs_tracer.core import recorder as recorder_mod
 from hs_tracer.integrations.sglang import hooks
 
 # SGLang's request tracing on (a collector that is never reached: nothing here is flushed)

@@ -34,8 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (docs/interfaces.md; plus a 'preflight' key)")
     p.add_argument("--verbose", action="store_true",
-                   help="also show the engine's own layer numbering (layers_to_capture) and the profile's "
-                        "raw ids beside the canonical sources")
+                   help="also list the findings under each root cause, and show the engine's own layer "
+                        "numbering (layers_to_capture) and the profile's raw ids beside the canonical "
+                        "sources")
     p.set_defaults(func=run)
 
 
@@ -102,7 +103,7 @@ def _run_vllm(args: argparse.Namespace) -> int:
 
 
 def human(result, verbose: bool = False) -> str:
-    """The summary (what SGLang will do) then one line per finding with its fix, then the verdict.
+    """The root causes (one block each), the summary (what SGLang will do), the status, then the verdict.
     Layers are named by canonical source (docs/glossary.md); ``verbose`` adds SGLang's own numbering."""
     s = result.summary
     d, t, e = s["draft"], s["target"], s["engine"]
@@ -110,7 +111,7 @@ def human(result, verbose: bool = False) -> str:
     fed = ", ".join(e["sources"]) or "no aux hidden states"
     raw = f" (layers_to_capture {e['layers_to_capture']})" if verbose else ""
     lines = [
-        *result.report.causes_human(),
+        *result.report.causes_human(verbose),
         f"draft:  {d['path']} ({d['format']}, {d['architecture'] or 'no architecture'}), fc in "
         f"{d['fc_in_features']}, layer ids {d['layer_ids']} [{d['layer_ids_location']}]",
         f"target: {t['architecture']} (SGLang's {t['family']} layer-id rule), {t['num_layers']} layers, "
@@ -127,7 +128,7 @@ def human(result, verbose: bool = False) -> str:
         if prov and verbose:
             origin += f", ids {prov.get('layer_ids')} in the {prov.get('convention')} convention"
         lines.append(f"trained on: {', '.join(s['trained_sources'])}{origin + ')' if origin else ''}")
-    lines.append(result.report.human(lead=False))
+    lines.append(result.report.human(lead=False, verbose=verbose))
     lines.append(result.report.verdict())
     return "\n".join(lines)
 

@@ -46,8 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the diagnoses as JSON (the report keys of docs/interfaces.md)")
     p.add_argument("--verbose", action="store_true",
-                   help="show SGLang's own output (by default it goes to a log file named first) and "
-                        "SGLang's own layer numbering (layers_to_capture) beside the canonical sources")
+                   help="show SGLang's own output (by default it goes to a log file named first), the "
+                        "findings under each root cause and SGLang's own layer numbering "
+                        "(layers_to_capture) beside the canonical sources")
     p.set_defaults(func=run)
 
 

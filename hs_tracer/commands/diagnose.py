@@ -32,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", type=Path, required=True, help="reference profile (hs-tracer profile build)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/interfaces.md)")
+    p.add_argument("--verbose", action="store_true",
+                   help="list the findings under each root cause (the JSON always has them)")
     p.add_argument("--target", type=Path, help="the target model dir (config.json + safetensors): recompute "
                    "it on LIVE's tokens and measure which source each slot's rows equal")
     p.add_argument("--sequences", type=int, default=SEQUENCES,
@@ -157,5 +159,5 @@ def run(args: argparse.Namespace) -> int:
             print(STATISTICAL if args.target is None else
                   f"not measured: the rows ({live.width} wide) do not split into slots of the profile's "
                   f"hidden size {profile.hidden_size}; the width finding says why")
-        print(report.human())
+        print(report.human(verbose=args.verbose))
     return report.exit_code

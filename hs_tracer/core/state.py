@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
+from hs_tracer.diagnosis.causes import group
 from hs_tracer.export.capture import CaptureSink
-from hs_tracer.export.recorder import Recorder
 from hs_tracer.export.report_file import ReportFile
 from hs_tracer.findings import Code, Finding, Severity
-from hs_tracer.profile.model import OTHER_MODEL_FIX, Profile, other_model
+from hs_tracer.profile.model import OTHER_MODEL_FIX, Profile, ProfileError, other_model
 from hs_tracer.records import Ranks, WiringRecord
 
 logger = logging.getLogger("hs_tracer")
@@ -37,7 +38,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 @dataclass
 class TracerState(abc.ABC):
-    """What every engine's hooks fill in and the recorder reads (``export.recorder.SchedulerSide``)."""
+    """What every engine's hooks fill in and the recorder reads (``core.recorder.SchedulerSide``)."""
 
     config: TracerConfig
     enabled: bool = True
@@ -118,13 +119,29 @@ class TracerState(abc.ABC):
             self._report_file = ReportFile(self.config.report_dir, os.getpid())
         self._report_file.write(self.status())
 
+    def log_startup_findings(self) -> None:
+        """The startup findings in the scheduler log, one line per root cause (its findings' codes in
+        brackets; the report and ``--verbose`` output list them one by one)."""
+        for r in group(self.static_findings):
+            codes = ", ".join(sorted({self.static_findings[i].code.value for i in r.findings}))
+            fix = f"; fix: {r.fix}" if r.fix else ""
+            logger.warning("hs_tracer: root cause [%s] %s%s [%s]", r.severity.value, r.summary, fix, codes)
+
     def trained_sources(self) -> tuple[list[str] | None, Finding | None]:
         """The profile's trained sources, or (for a profile of another model) the finding that says
         so, with the profile left unused (:func:`hs_tracer.profile.model.other_model`, the rule for
         every engine). Nothing without ``HS_TRACER_PROFILE``."""
         if self.config.profile is None:
             return None, None
-        profile = Profile.load(self.config.profile)
+        try:
+            profile = Profile.load(self.config.profile)
+        except (ProfileError, OSError, ValueError) as exc:  # serving and the other checks go on without it
+            self.profile_fits = False
+            return None, Finding(Code.PROFILE_UNREADABLE, Severity.WARNING,
+                                 f"HS_TRACER_PROFILE cannot be read: {exc}: nothing was compared with "
+                                 "training (slots, acceptance)",
+                                 "point HS_TRACER_PROFILE at a profile written by `hs-tracer profile build` "
+                                 "and readable by the server's user")
         problem = other_model(profile.meta, hidden_size=self.target.get("hidden_size"),
                               num_layers=self.target.get("num_layers"),
                               draft_vocab=self.draft_config.get("draft_vocab_size"))

@@ -17,7 +17,6 @@ from typing import Any
 from hs_tracer.dashboards import engine_metrics as em
 from hs_tracer.diagnosis.matcher import Thresholds
 from hs_tracer.export import prometheus as m
-from hs_tracer.findings import NOT_WIRING
 
 AL_FLOOR = 1.25
 """Mean accept length below which a draft is useless: a miswired draft sits at 1.0-1.1, a correct but
@@ -39,9 +38,6 @@ DRIFT_THRESHOLD = Thresholds().drift_factor
 """The drift score is expected as D(expected) / t_match, the slot's divergence from its trained source
 in units of the calibrated match level (0 = identical); the online diagnosis calls a slot drifted
 above ``drift_factor`` of them (hs_tracer.diagnosis.matcher), and so does this rule."""
-
-NON_WIRING_CODES = "|".join(code.value for code in NOT_WIRING)
-"""Critical findings with their own alert (drift, acceptance); the wiring alert leaves them out."""
 
 RUNBOOK = "docs/runbook.md"
 RUNBOOK_BASE = "https://github.com/hs-tracer/hs_tracer/blob/main/" + RUNBOOK
@@ -119,14 +115,13 @@ def _wiring_rules() -> list[dict[str, Any]]:
     return [
         _rule(
             "HsTracerCriticalWiringFinding",
-            f'max without (severity) (\n  {m.FINDINGS}_total{{severity="critical", '
-            f'code!~"{NON_WIRING_CODES}"}}\n) > 0\n',
+            f'{m.ROOT_CAUSE_INFO}{{severity="critical", wiring="true"}} == 1\n',
             "0m", "critical",
-            "Critical hs_tracer finding {{ $labels.code }} for " + WHERE,
-            "hs_tracer raised a critical finding with code {{ $labels.code }} in this process "
-            "({{ $value }} so far): the draft is, or will be, fed features it was not trained on. "
-            "The scheduler log line starting with 'hs_tracer' names the slot, the expected and the "
-            "observed source and the fix.",
+            "Miswired draft on " + WHERE + ": {{ $labels.summary }}",
+            "hs_tracer found a root cause that changes what the draft is fed ({{ $labels.cause }}): "
+            "{{ $labels.summary }}. Fix: {{ $labels.fix }}. The slot alerts and acceptance alerts of "
+            "this server are held back while this one fires (one page per incident); the scheduler "
+            "log's line 'hs_tracer: root cause' and the report have the evidence.",
         ),
         _rule(
             "HsTracerSlotSourceMismatch",
@@ -188,6 +183,23 @@ def _health_rules() -> list[dict[str, Any]]:
     ]
 
 
+def _coverage_rules() -> list[dict[str, Any]]:
+    """A server hs_tracer traces but cannot fully judge: no other alert can fire for what it skips."""
+    return [
+        _rule(
+            "HsTracerChecksOff",
+            f"{m.CHECK_ACTIVE} == 0\n",
+            "10m", "warning",
+            "hs_tracer does not check {{ $labels.check }} on " + WHERE + " ({{ $labels.reason }})",
+            "hs_tracer traces this server but its {{ $labels.check }} check is off ({{ $labels.reason }}): "
+            "slots needs a reference profile of this target, acceptance one that carries its expected "
+            "acceptance, identity HS_TRACER_IDENTITY_EVERY above 0. Until it is back, no alert can fire "
+            "for what that check watches. The scheduler log's line 'hs_tracer: not checked in this "
+            "process' says the same.",
+        ),
+    ]
+
+
 def _presence_rules() -> list[dict[str, Any]]:
     """hs_tracer that never loaded, or is no longer scraped: every other rule is silent then."""
     return [
@@ -231,6 +243,7 @@ def groups() -> list[dict[str, Any]]:
         {"name": "hs_tracer.acceptance", "interval": "1m", "rules": _acceptance_rules()},
         {"name": "hs_tracer.wiring", "interval": "1m", "rules": _wiring_rules()},
         {"name": "hs_tracer.health", "interval": "1m", "rules": _health_rules()},
+        {"name": "hs_tracer.coverage", "interval": "1m", "rules": _coverage_rules()},
         {"name": "hs_tracer.presence", "interval": "1m", "rules": _presence_rules()},
     ]
 

@@ -228,9 +228,17 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_DRIFT_SCORE)})", SLOT_LEGEND)],
         min_val=0))
     d = d.with_panel(_timeseries(
-        "Slot match margin", "Score gap between the best and second-best matching source of each slot: "
-        "how sure the identification is (small = ambiguous).", "none",
-        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MATCH_MARGIN)})", SLOT_LEGEND)]))
+        "Slot identification evidence", "How sure each slot's source is. Measured (same-token "
+        "identity, the default): the relative error of the slot's rows against the source named "
+        "(0 = equal) and against the nearest other candidate (what a whole layer adds). From the "
+        "statistics alone: the score gap between the best and the second-best source (small = "
+        "ambiguous). A series is absent until its evidence exists.", "none",
+        [_target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MEASURED_ERROR)})",
+                 SLOT_LEGEND + " measured error", "A"),
+         _target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MEASURED_RUNNER_UP_ERROR)})",
+                 SLOT_LEGEND + " nearest other's error", "B"),
+         _target(f"max by ({q.PER_RANK}, slot) ({q.sel(m.SLOT_MATCH_MARGIN)})",
+                 SLOT_LEGEND + " statistical margin", "C")], min_val=0))
     d = d.with_panel(_timeseries(
         "Slot RMS", "RMS of each slot's finite draft-input values in the last exported verify step "
         "(hidden-state scale). Slots fed the same layer show the same RMS.", "none",
@@ -262,11 +270,38 @@ def _wiring_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
 
 
 def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
-    d = d.with_row(dash_b.Row("Findings"))
+    d = d.with_row(dash_b.Row("Root causes, checks and findings"))
+    d = d.with_panel(
+        _table().title("Root causes now")
+        .description("What is wrong on each server, one row per root cause, with the fix: what the "
+                     "alerts page for (runbook: HsTracerCriticalWiringFinding). Empty while no server "
+                     "has one.")
+        .datasource(PROM).unit("none").span(16).height(8)
+        .with_target(_target(f"{q.sel(m.ROOT_CAUSE_INFO)} == 1", instant=True,
+                             fmt=prom_m.PromQueryFormat.TABLE))
+        .with_transformation(_organize(["Time", "Value", "__name__", "job", "engine"], {})))
+    d = d.with_panel(
+        _table().title("Checks")
+        .description("Which checks hs_tracer runs on each server: slots (live slot sources against "
+                     "training), acceptance (live against expected) and identity (same-token "
+                     "measurement). A check that is off says why; no alert can fire for what it would "
+                     "watch (runbook: HsTracerChecksOff).")
+        .datasource(PROM).unit("none").span(8).height(8)
+        .with_target(_target(f"max by (model, instance, check, reason) ({q.sel(m.CHECK_ACTIVE)})",
+                             instant=True, fmt=prom_m.PromQueryFormat.TABLE))
+        .with_transformation(_organize(["Time"], {"Value": "on"}))
+        .override_by_name("on", [
+            dash_m.DynamicConfigValue(id_val="mappings", value=[
+                {"type": "value", "options": {
+                    "0": {"text": "OFF", "color": "orange", "index": 0},
+                    "1": {"text": "on", "color": "green", "index": 1}}}]),
+            dash_m.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+        ]))
     d = d.with_panel(
         _table().title("Findings since the tracer started")
-        .description("Findings raised per process since it started, by stable code and severity. Static "
-                     "wiring findings are raised once at startup. docs/runbook.md explains each.")
+        .description("Findings raised per process since it started, by stable code and severity: the "
+                     "evidence under the root causes. Static wiring findings are raised once at startup. "
+                     "Empty while no server raised one. docs/runbook.md explains each.")
         .datasource(PROM).unit("none").decimals(0).span(12).height(8)
         .with_target(_target(f"sum by (model, instance, code, severity) "
                              f"({q.sel(q.total(m.FINDINGS))}) > 0", instant=True,

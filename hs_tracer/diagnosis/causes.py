@@ -10,10 +10,11 @@ otherwise. Info findings (``insufficient_data``, settled warnings) are evidence,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from hs_tracer.findings import Code, Finding, Severity
+from hs_tracer.findings import NOT_WIRING, Code, Finding, Severity
 
 LAYER_IDS = "layer_ids"
 INPUT_WIDTH = "draft_input_width"
@@ -67,6 +68,7 @@ _SYMPTOM_HOSTS = (LAYER_IDS, CAPTURE_CHANNEL, CAPTURE_ORDER, CAPTURE_LOOP, INPUT
                   Code.FEATURES_FROM_OTHER_REQUESTS.value,
                   VOCABULARY, NORM_FLAGS)
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+_TRAILING_PARENTHESIS = re.compile(r"\s*\((?:[^()]|\([^()]*\))*\)\s*$")
 
 
 @dataclass
@@ -76,10 +78,17 @@ class RootCause:
     summary: str
     fix: str
     findings: list[int]  # indices into the report's findings
+    wiring: bool = False  # a critical finding of it changes what the draft is fed (status miswired)
+
+    @property
+    def headline(self) -> str:
+        """The summary without its running figures (a trailing parenthesis: evidence, a symptom), so
+        one cause keeps one wording while a process runs (metric labels, alert texts)."""
+        return _TRAILING_PARENTHESIS.sub("", self.summary) or self.summary
 
     def to_json(self) -> dict[str, Any]:
         return {"cause": self.cause, "severity": self.severity.value, "summary": self.summary,
-                "fix": self.fix, "findings": list(self.findings)}
+                "fix": self.fix, "findings": list(self.findings), "wiring": self.wiring}
 
 
 def cause_of(f: Finding) -> str:
@@ -145,7 +154,8 @@ def _root(cause: str, idx: list[int], findings: list[Finding]) -> RootCause:
                "--profile P (then norm flags, then sampling settings)")
     elif symptom is not None and symptom is not lead:
         summary += f" (symptom: mean accept length {symptom.observed})"
-    return RootCause(cause, severity, summary, fix, idx)
+    feeds_wrong = any(f.severity is Severity.CRITICAL and f.code not in NOT_WIRING for f in fs)
+    return RootCause(cause, severity, summary, fix, idx, feeds_wrong)
 
 
 def _fmt(sources: list[str]) -> str:

@@ -72,14 +72,26 @@ class Report:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
 
-    def causes_human(self) -> list[str]:
-        """The root causes, one line each with its fix under it (what the human output leads with)."""
+    def causes_human(self, verbose: bool = False) -> list[str]:
+        """One block per root cause, critical first (what every command's output leads with): the
+        cause, its fix, the slots it explains, then the findings under it (listed with ``verbose``,
+        counted otherwise; the JSON has them all)."""
         lines = []
+        slots = {s.index: s for s in self.slots}
         for r in self.root_causes():
             lines.append(f"[{r.severity.value}] root cause: {r.summary}")
             if r.fix:
                 lines.append(f"  fix: {r.fix}")
+            lines.extend("  " + _slot_line(slots[k]) for k in self._slots_of(r.findings) if k in slots)
+            if verbose:
+                lines.extend("  - " + self.findings[i].one_line() for i in r.findings)
+            elif len(r.findings) > 1:
+                lines.append(f"  ({len(r.findings)} findings under this cause: --verbose or --json lists "
+                             "them)")
         return lines
+
+    def _slots_of(self, findings: list[int]) -> list[int]:
+        return sorted({k for i in findings if (k := self.findings[i].slot) is not None})
 
     def verdict(self) -> str:
         """One line: what a person must do, from the first root cause (or that nothing is needed, and
@@ -99,26 +111,33 @@ class Report:
             return "verdict: nothing to do: the draft is fed what it was trained on"
         return "verdict: nothing to do: no problem found"
 
-    def human(self, lead: bool = True) -> str:
-        """Root causes first (unless the caller printed them already), then status, slots, evidence."""
-        lines = self.causes_human() if lead else []
+    def human(self, lead: bool = True, verbose: bool = False) -> str:
+        """The root-cause blocks (unless the caller printed them already), then the status, the slots no
+        cause explains, the acceptance and the findings that belong to no cause (info: what was not
+        checked)."""
+        lines = self.causes_human(verbose) if lead else []
         unchecked = self.status == "ok" and any(f.code is Code.INSUFFICIENT_DATA for f in self.findings)
         lines.append(f"status: {self.status}" + (" (not everything was checked: see the info below)"
                                                   if unchecked else ""))
-        for s in self.slots:
-            mark = "" if s.expected_source == s.observed_source else (
-                "<-- ambiguous: " if s.expected_source in (s.candidates or ())
-                else "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
-            seen = ("observed" if s.distance is not None else "measured" if s.measured_rows is not None
-                    else "fed     ")
-            lines.append(f"  slot {s.index}: trained on {s.expected_source:<10} {seen} "
-                         f"{s.observed_source:<10} {mark}{s.evidence()}")
+        causes = self.root_causes()
+        explained = set(self._slots_of([i for r in causes for i in r.findings]))
+        lines.extend("  " + _slot_line(s) for s in self.slots if s.index not in explained)
         if self.acceptance:
             a = self.acceptance
             rates = ", ".join(f"{r:.2f}" for r in a.per_position_rate)
             lines.append(f"  acceptance: {a.steps} steps, mean accept length {a.mean_accept_length:.2f}"
                          f", per-position rate [{rates}]")
-        if self.findings:
-            lines.append("  evidence:")
-        lines.extend("    " + f.one_line() for f in self.findings)
+        grouped = {i for r in causes for i in r.findings}
+        lines.extend("  " + f.one_line() for i, f in enumerate(self.findings) if i not in grouped)
         return "\n".join(lines)
+
+
+def _slot_line(s: SlotVerdict) -> str:
+    """One slot: what it was trained on, what it carries and by which evidence."""
+    mark = "" if s.expected_source == s.observed_source else (
+        "<-- ambiguous: " if s.expected_source in (s.candidates or ())
+        else "<-- mismatch: " if s.distance is not None else "<-- mismatch ")
+    seen = ("observed" if s.distance is not None else "measured" if s.measured_rows is not None
+            else "fed     ")
+    return (f"slot {s.index}: trained on {s.expected_source:<10} {seen} {s.observed_source:<10} "
+            f"{mark}{s.evidence()}")

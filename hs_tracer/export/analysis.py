@@ -24,18 +24,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
+from hs_tracer.diagnosis.identity import diagnose_detailed
 from hs_tracer.diagnosis.report import Report
-from hs_tracer.diagnosis.same_token import MeasuredSlot
+from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, MeasuredSlot, explain, identify
+from hs_tracer.diagnosis.verdict import judge_slots, live_report
 from hs_tracer.export.batch import step_digest
 from hs_tracer.export.digest_join import DigestJoin
+from hs_tracer.export.otel import OtelExporter, spans_configured
+from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
 from hs_tracer.findings import Acceptance, Code, Finding
 from hs_tracer.fingerprint.stats import DIGEST_FIELDS, ChannelStats
+from hs_tracer.profile.model import Profile
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
     from hs_tracer.export.batch import StepBatch
-    from hs_tracer.profile.model import Profile
 
 logger = logging.getLogger("hs_tracer")
 
@@ -127,13 +132,30 @@ class ExportSetup:
     metrics_port: int | None
     metrics_addr: str
     kernel_gpu_s: float | None = None  # the fingerprint kernel's GPU time per step, timed at warm-up
+    identity_off: str | None = None  # why same-token identity is not measured here (None: it is)
 
     def to_json(self) -> dict[str, Any]:
         return {"wiring": self.wiring.to_json(), "ranks": asdict(self.ranks),
                 "static_findings": [f.to_json() for f in self.static_findings],
                 "draft_config": self.draft_config, "profile": str(self.profile) if self.profile else None,
                 "span_sample": self.span_sample, "metrics_port": self.metrics_port,
-                "metrics_addr": self.metrics_addr, "kernel_gpu_s": self.kernel_gpu_s}
+                "metrics_addr": self.metrics_addr, "kernel_gpu_s": self.kernel_gpu_s,
+                "identity_off": self.identity_off}
+
+    def checks_off(self, profile: Profile | None) -> dict[str, str]:
+        """The checks that cannot run in this process, each with the reason (``profile``: the loaded
+        reference profile, None without a usable one). A server with any is partly unwatched: the
+        metric ``hs_tracer_check_active`` and its alert say so."""
+        unusable = next((f.code.value for f in self.static_findings
+                         if f.code in (Code.PROFILE_MISMATCH, Code.PROFILE_UNREADABLE)), None)
+        off: dict[str, str] = {}
+        if profile is None:
+            off["slots"] = off["acceptance"] = unusable or "no_profile"
+        elif profile.expected_acceptance is None:
+            off["acceptance"] = "profile_without_expected_acceptance"
+        if self.identity_off is not None:
+            off["identity"] = self.identity_off
+        return off
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExportSetup:
@@ -141,7 +163,8 @@ class ExportSetup:
                    static_findings=Report.from_json({"findings": d["static_findings"]}).findings,
                    draft_config=d["draft_config"], profile=Path(d["profile"]) if d["profile"] else None,
                    span_sample=d["span_sample"], metrics_port=d["metrics_port"],
-                   metrics_addr=d["metrics_addr"], kernel_gpu_s=d.get("kernel_gpu_s"))
+                   metrics_addr=d["metrics_addr"], kernel_gpu_s=d.get("kernel_gpu_s"),
+                   identity_off=d.get("identity_off"))
 
 
 @dataclass
@@ -219,16 +242,12 @@ class Analysis:
         self._reported_at = 0.0
         self._dirty = False
         self.cost = OwnCost()
+        self.checks_off: dict[str, str] = {}  # check -> why it is off here (ExportSetup.checks_off)
 
     def start(self) -> None:
         """Load the profile and start the exporters (Prometheus serves from here on)."""
-        from hs_tracer.export.otel import OtelExporter, spans_configured
-        from hs_tracer.export.prometheus import PrometheusExporter, metrics_port_for
-
         s = self.setup
         if s.profile is not None:
-            from hs_tracer.profile.model import Profile
-
             self.profile = Profile.load(s.profile)
         port = metrics_port_for(s.ranks, s.metrics_port)
         self._prom = PrometheusExporter(s.wiring.model, s.ranks, port=port, addr=s.metrics_addr,
@@ -243,6 +262,12 @@ class Analysis:
             self._prom.record_finding(f)
         if s.kernel_gpu_s is not None:
             self._prom.record_kernel_gpu(s.kernel_gpu_s)
+        self._prom.record_root_causes(self.report.root_causes())  # a startup miswiring pages before traffic
+        self.checks_off = s.checks_off(self.profile)
+        self._prom.record_checks(self.checks_off)
+        if self.checks_off:
+            logger.warning("hs_tracer: not checked in this process: %s", "; ".join(
+                f"{check} ({reason})" for check, reason in self.checks_off.items()))
         if spans_configured():
             self._otel = OtelExporter(s.wiring.model, s.ranks, sample=s.span_sample)
             self._otel.record_wiring(s.wiring)
@@ -333,10 +358,6 @@ class Analysis:
         [R, K, D]): pooled with the latest samples of the same candidates, then each slot is named by
         what its rows equal (:func:`hs_tracer.diagnosis.same_token.identify`, exact tolerance: inside
         the engine slot and candidate rows are the same tensors' values)."""
-        import torch
-
-        from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, explain, identify
-
         names = list(names)
         if not names or slots.size == 0:
             return
@@ -359,9 +380,6 @@ class Analysis:
         """Judge everything seen so far against the profile (the wiring does not change while a
         process runs, so more tokens only sharpen the verdict); the drift score is that of the
         windows closed since the previous diagnosis."""
-        from hs_tracer.diagnosis.identity import diagnose_detailed
-        from hs_tracer.diagnosis.verdict import judge_slots
-
         if self.profile is None or self.live is None:
             return
         width = self.health.input_width
@@ -374,7 +392,8 @@ class Analysis:
         drift = [m.drift_score for m in latest.matches]
         slots, _ = judge_slots(self.setup.static_findings, judged, self.measured,  # as the report names them
                                dict(enumerate(self.profile.sources)), engine_layers_checked=True)
-        self._prom.record_slots(slots, drift)
+        margins = {v.index: v.margin for v in judged.slots if v.margin is not None}
+        self._prom.record_slots(slots, drift, margins)
         if self._otel is not None:
             self._otel.record_slots(slots)
         self.judged = judged
@@ -383,8 +402,6 @@ class Analysis:
         """The verdict over static findings, the latest diagnosis and acceptance so far
         (:func:`hs_tracer.diagnosis.verdict.live_report`); new findings go to Prometheus once; the
         health metrics follow."""
-        from hs_tracer.diagnosis.verdict import live_report
-
         s = self.setup
         # the static checks compared the engine's own layers_to_capture with the profile at startup
         report = live_report(s.static_findings, self.judged, self.acceptance.summary(), self.profile,
@@ -397,6 +414,7 @@ class Analysis:
             if (f.code, f.slot) not in static and key not in self._exported_findings:
                 self._exported_findings.add(key)
                 self._prom.record_finding(f)
+        self._prom.record_root_causes(report.root_causes())
         with self._report_lock:
             self.report = report
         h = self.health
@@ -419,6 +437,7 @@ class Analysis:
             out = self.report.to_json()
         out["windows"] = self.window_reports
         out["profile"] = str(self.setup.profile) if self.setup.profile else None
+        out["checks_off"] = dict(self.checks_off)
         out["measured_identity"] = None if self.measured is None else {
             "samples": self.identity_samples, "slots": [m.to_json() for m in self.measured]}
         return out

@@ -29,7 +29,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,8 @@ from hs_tracer.records import Ranks, StepRecord, WiringRecord
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from hs_tracer.diagnosis.causes import RootCause
 
 logger = logging.getLogger("hs_tracer")
 
@@ -56,6 +58,8 @@ ACCEPT_LENGTH = "hs_tracer_accept_length"
 SLOT_MATCH_SCORE = "hs_tracer_slot_match_score"
 SLOT_MISMATCH = "hs_tracer_slot_mismatch"
 SLOT_MATCH_MARGIN = "hs_tracer_slot_match_margin"
+SLOT_MEASURED_ERROR = "hs_tracer_slot_measured_error"
+SLOT_MEASURED_RUNNER_UP_ERROR = "hs_tracer_slot_measured_runner_up_error"
 SLOT_DRIFT_SCORE = "hs_tracer_slot_drift_score"
 SLOT_RMS = "hs_tracer_slot_rms"
 SLOT_NONFINITE = "hs_tracer_slot_nonfinite_values"
@@ -63,6 +67,8 @@ DRAFT_INPUT_WIDTH = "hs_tracer_draft_input_width"
 LAST_STEP_TIMESTAMP = "hs_tracer_last_step_timestamp_seconds"
 WIRING_INFO = "hs_tracer_wiring_info"
 FINDINGS = "hs_tracer_findings"
+ROOT_CAUSE_INFO = "hs_tracer_root_cause_info"
+CHECK_ACTIVE = "hs_tracer_check_active"
 RECORDS_DROPPED = "hs_tracer_records_dropped"
 HOOK_ERRORS = "hs_tracer_hook_errors"
 SPANS_DROPPED = "hs_tracer_spans_dropped"
@@ -72,6 +78,13 @@ THREAD_CPU = "hs_tracer_thread_cpu_seconds"
 KERNEL_GPU = "hs_tracer_fingerprint_kernel_gpu_seconds"
 EXPECTED_ACCEPT_LENGTH = "hs_tracer_expected_accept_length"
 START_TIME = "hs_tracer_start_time_seconds"
+
+CHECKS = ("slots", "acceptance", "identity")
+"""The checks :data:`CHECK_ACTIVE` reports on, each on or off with a reason."""
+
+MAX_ROOT_CAUSE_SERIES = 16
+"""Distinct root-cause label sets one process publishes at most (multiprocess mode cannot remove a
+series, so each stays)."""
 
 DEFAULT_BASE_PORT = 9464
 """Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
@@ -174,6 +187,15 @@ class _Metrics:
         self.slot_match_margin = Gauge(
             SLOT_MATCH_MARGIN, "Score gap between the best and the second-best matching "
             "source of the slot (how sure the identification is).", (*base, "slot"), **gauge_kw)
+        self.slot_measured_error = Gauge(
+            SLOT_MEASURED_ERROR, "Relative error of the slot's rows against the rows of the source it "
+            "was measured to carry, on the same tokens (same-token identity; 0 = equal). Absent until a "
+            "sampled forward was measured.", (*base, "slot"), **gauge_kw)
+        self.slot_measured_runner_up_error = Gauge(
+            SLOT_MEASURED_RUNNER_UP_ERROR, "Relative error of the slot's rows against the nearest other "
+            "candidate source on the same tokens: how far the measured identification is from the next "
+            "answer (what a whole layer adds). Absent until a sampled forward was measured.",
+            (*base, "slot"), **gauge_kw)
         self.slot_drift = Gauge(
             SLOT_DRIFT_SCORE, "Drift of the slot's live per-channel feature statistics "
             "from the reference profile of its expected source over the last diagnosis window "
@@ -204,6 +226,17 @@ class _Metrics:
         self.findings = Counter(
             FINDINGS, "Findings raised, by stable finding code and severity.",
             (*base, "code", "severity"), **kw)
+
+        self.root_cause = Gauge(
+            ROOT_CAUSE_INFO, "One series per root cause of the current report, value 1 (0 once it is no "
+            "longer one): `cause` its kind, `severity`, `wiring` (true when it changes what the draft "
+            "is fed), `summary` what is wrong and `fix` what to do. The alerts page on it.",
+            (*base, "cause", "severity", "wiring", "summary", "fix"), **gauge_kw)
+        self.check_active = Gauge(
+            CHECK_ACTIVE, "1 while the check `check` (slots: live slot sources against training; "
+            "acceptance: live against expected acceptance; identity: same-token measurement) runs in this "
+            "process, 0 while it is off, with `reason` saying why (empty while it runs).",
+            (*base, "check", "reason"), **gauge_kw)
 
         # --- tracer health -------------------------------------------------------------------------
         self.records_dropped = Counter(
@@ -290,6 +323,7 @@ class PrometheusExporter:
         self._totals = {"dropped": 0, "hook_errors": 0, "spans_dropped": 0}
         self._wiring_labels: dict[str, str] | None = None
         self._slot_series: dict[int, tuple[str, str]] = {}
+        self._root_causes: dict[tuple[str, ...], None] = {}  # every label set published, in order
 
         if serve and not self.multiprocess:
             self._start_server(metrics_port_for(ranks) if port is None else port, addr)
@@ -487,8 +521,11 @@ class PrometheusExporter:
                 self._position(num_draft_tokens - 2)
             self._slot_children(len(w.sources) - 1)
 
-    def record_slots(self, verdicts: Sequence[SlotVerdict], drift: Sequence[float] = ()) -> None:
-        """Publish the latest slot identification and drift; ``drift[i]`` belongs to slot i."""
+    def record_slots(self, verdicts: Sequence[SlotVerdict], drift: Sequence[float] = (),
+                     margins: Mapping[int, float] | None = None) -> None:
+        """Publish the latest slot identification and drift; ``drift[i]`` belongs to slot i. ``margins``:
+        the statistics' margin per slot, also where a measurement named the slot (default: the
+        verdicts' own)."""
         m, b = self._m, self._base
         with self._lock:
             for v in verdicts:
@@ -502,10 +539,45 @@ class PrometheusExporter:
                                           observed_source=v.observed_source).set(v.score)
                 self._slot_series[v.index] = series
                 m.slot_mismatch.labels(**b, slot=slot).set(float(v.expected_source != v.observed_source))
-                if v.margin is not None:
-                    m.slot_match_margin.labels(**b, slot=slot).set(v.margin)
+                margin = v.margin if margins is None else margins.get(v.index)
+                if margin is not None:
+                    m.slot_match_margin.labels(**b, slot=slot).set(margin)
+                if v.measured_error is not None:
+                    m.slot_measured_error.labels(**b, slot=slot).set(v.measured_error)
+                if v.measured_runner_up_error is not None:
+                    m.slot_measured_runner_up_error.labels(**b, slot=slot).set(v.measured_runner_up_error)
             for k, value in enumerate(drift):
                 m.slot_drift.labels(**b, slot=str(k)).set(value)
+
+    def record_root_causes(self, causes: Sequence[RootCause]) -> None:
+        """Publish the report's root causes; those no longer in it drop to 0. Label sets are bounded:
+        a cause's text is its headline (no running figures), and after ``MAX_ROOT_CAUSE_SERIES``
+        distinct ones a new text reads as a pointer to the report."""
+        with self._lock:
+            now: dict[tuple[str, ...], None] = {}
+            for r in causes:
+                key = (r.cause, r.severity.value, str(r.wiring).lower(), r.headline, r.fix)
+                if key not in self._root_causes and len(self._root_causes) >= MAX_ROOT_CAUSE_SERIES:
+                    key = (*key[:3], "changed too often to label: see the scheduler's report", "")
+                now[key] = None
+            for key in self._root_causes:
+                if key not in now:
+                    self._root_cause_child(key).set(0)
+            for key in now:
+                self._root_cause_child(key).set(1)
+                self._root_causes[key] = None
+
+    def _root_cause_child(self, key: tuple[str, ...]) -> Any:
+        cause, severity, wiring, summary, fix = key
+        return self._m.root_cause.labels(**self._base, cause=cause, severity=severity, wiring=wiring,
+                                         summary=summary, fix=fix)
+
+    def record_checks(self, off: Mapping[str, str]) -> None:
+        """Which checks run (value 1) and which are off (0, ``off[check]`` the reason)."""
+        with self._lock:
+            for check in CHECKS:
+                self._m.check_active.labels(**self._base, check=check, reason=off.get(check, "")).set(
+                    0 if check in off else 1)
 
     def record_finding(self, f: Finding) -> None:
         """Count one finding by its stable code and severity."""

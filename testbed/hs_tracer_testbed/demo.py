@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.commands.profile import BuildRequest, build_profile_file
+from hs_tracer.profile_builder import BuildRequest, build_profile_file
+from hs_tracer_testbed.realtext import question_of
 
 if TYPE_CHECKING:
     from hs_tracer_testbed.build import TestbedPaths
@@ -205,18 +206,20 @@ def run(target: Path | None = None, draft: Path | None = None, *, profile: Path 
     if real:
         from hs_tracer_testbed import smollm
 
-        pair = smollm.ensure_pair()
+        with output_to(log):  # the pair's conversion and profile: progress bars, not the demo's answer
+            pair = smollm.ensure_pair()
+            profile = profile or real_pair_profile(pair)
         target, draft = target or pair.target, draft or pair.draft
-        profile = profile or real_pair_profile(pair)
         prompts = smollm.prompts(num_prompts)
     else:
         prompts = corpus_prompts(seed=1234, n=num_prompts)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="hs-tracer-demo-drafts-") as tmp:
         if target is None:
-            tb = ensure_testbed()
+            with output_to(log):
+                tb = ensure_testbed()
+                profile = profile or testbed_profile(tb)
             target, draft = tb.target, draft or tb.draft
-            profile = profile or testbed_profile(tb)
         if profile is not None:
             check_profile_fits(profile, target, draft)
         plan = [("as configured", draft)]
@@ -249,11 +252,12 @@ def human(runs: list[Run], expect_miswired: bool = False, verbose: bool = False)
             lines.append(f"   wiring: {w.get('target_arch')} with {w.get('num_layers')} layers, hidden "
                          f"{w.get('hidden_size')}; the draft is fed {', '.join(w.get('sources') or [])}{raw}")
         for prompt, out in list(zip(r.prompts, r.outputs, strict=True))[:2]:
-            lines.append(f"   {prompt!r} -> {out.strip()!r}")
+            lines.append(f"   {question_of(prompt)!r} -> {out.strip()!r}")
         if d["status"] == "unknown":
             lines.append("   status: unknown (no scheduler reported a diagnosis)")
             continue
-        lines.extend("   " + line for line in Report.from_json(r.diagnosis).human().splitlines())
+        report = Report.from_json(r.diagnosis)
+        lines.extend("   " + line for line in report.human(verbose=verbose).splitlines())
     lines.append(verdict(runs, expect_miswired))
     return "\n".join(lines)
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer.commands.profile import BuildRequest, build_profile_file
+from hs_tracer.profile_builder import BuildRequest, build_profile_file
 from hs_tracer_testbed import corpus
 from hs_tracer_testbed.draft_train import DraftRecipe
 from hs_tracer_testbed.tokenizer import BOS_ID, EOS_ID, PAD_ID, save_tokenizer

@@ -118,6 +118,14 @@ def chat_prompt(question: str) -> str:
             "<|im_start|>assistant\n")
 
 
+def question_of(prompt: str) -> str:
+    """The user's question in a :func:`chat_prompt` (other text as it is): what a person reads."""
+    head = "<|im_start|>user\n"
+    if head not in prompt:
+        return prompt
+    return prompt.split(head, 1)[1].split("<|im_end|>", 1)[0]
+
+
 def _chat() -> list[str]:
     """User questions about the reference topics, one phrasing each."""
     from pydoc_data.topics import topics

@@ -35,13 +35,15 @@ class PrometheusServer:
     """``prometheus`` scraping ``targets`` (``host:port``) as job ``job``. Use as a context manager."""
 
     def __init__(self, targets: list[str], workdir: Path, *, job: str = "hs_tracer",
-                 scrape_interval: str = "500ms", binary: str | None = None) -> None:
+                 scrape_interval: str = "500ms", binary: str | None = None,
+                 config: dict[str, Any] | None = None, port: int | None = None) -> None:
         self.targets = targets
         self.job = job
         self.workdir = workdir
         self.scrape_interval = scrape_interval
         self.binary = binary or ensure_prometheus()
-        self.port = free_port()
+        self.port = port or free_port()
+        self.config = config  # a whole prometheus.yml (rule files, alerting) instead of the minimal one
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = workdir / "prometheus.log"
 
@@ -51,6 +53,8 @@ class PrometheusServer:
 
     def _config(self) -> str:
         # JSON is valid YAML: no YAML dependency for the tests.
+        if self.config is not None:
+            return json.dumps(self.config)
         return json.dumps({
             "global": {"scrape_interval": self.scrape_interval, "scrape_timeout": self.scrape_interval,
                        "evaluation_interval": "15s"},

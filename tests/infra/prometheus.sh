@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make Debian's `prometheus` package (server + promtool) available for the tests.
+# Make Debian's `prometheus` (server + promtool) and `prometheus-alertmanager` (alertmanager +
+# amtool) packages available for the tests.
 #
 # Idempotent and fast when already installed (one `command -v`). The packaged systemd/init service
 # is never started (a temporary policy-rc.d forbids it during the install, and it is stopped and
@@ -9,7 +10,11 @@
 # Usage (as root, or with sudo available):  tests/infra/prometheus.sh
 set -euo pipefail
 
-if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+PACKAGES="prometheus prometheus-alertmanager"
+installed() {
+    command -v prometheus && command -v promtool && command -v prometheus-alertmanager && command -v amtool
+}
+if installed >/dev/null 2>&1; then
     exit 0
 fi
 
@@ -31,18 +36,20 @@ cleanup() { if [ "$CREATED_POLICY" = 1 ]; then $SUDO rm -f "$POLICY"; fi; }
 trap cleanup EXIT
 
 export DEBIAN_FRONTEND=noninteractive
-if ! $SUDO apt-get -y -q install --no-install-recommends prometheus >/dev/null 2>&1; then
+if ! $SUDO apt-get -y -q install --no-install-recommends $PACKAGES >/dev/null 2>&1; then
     # A fresh machine may have no package lists yet.
     $SUDO apt-get -q update >/dev/null
-    $SUDO apt-get -y -q install --no-install-recommends prometheus >/dev/null
+    $SUDO apt-get -y -q install --no-install-recommends $PACKAGES >/dev/null
 fi
 
-# Should a service manager have started the packaged daemon anyway, stop it: it would hold :9090
-# and scrape nothing useful.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    $SUDO systemctl stop prometheus || true
-    $SUDO systemctl disable prometheus >/dev/null 2>&1 || true
-fi
+# Should a service manager have started the packaged daemons anyway, stop them: they would hold
+# :9090 and :9093 and watch nothing useful.
+for service in prometheus prometheus-alertmanager; do
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+        $SUDO systemctl stop "$service" || true
+        $SUDO systemctl disable "$service" >/dev/null 2>&1 || true
+    fi
+done
 
-command -v prometheus >/dev/null && command -v promtool >/dev/null
-echo "prometheus.sh: $(prometheus --version 2>&1 | head -n1)"
+installed >/dev/null
+echo "prometheus.sh: $(prometheus --version 2>&1 | head -n1); $(prometheus-alertmanager --version 2>&1 | head -n1)"

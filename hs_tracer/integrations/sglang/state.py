@@ -4,7 +4,7 @@ and the guard SGLang's hooks run under.
 One :class:`TracerState` per scheduler process. The hooks hand it what they read from SGLang; it
 keeps the wiring, owns the fingerprint probes (built before SGLang captures its graphs), builds the
 step path (:mod:`hs_tracer.core.steps`) and starts the background
-:class:`~hs_tracer.export.recorder.Recorder` that exports and diagnoses off the scheduler thread.
+:class:`~hs_tracer.core.recorder.Recorder` that exports and diagnoses off the scheduler thread.
 
 A hook that raises is counted, logged once and switches the tracer off; SGLang's own call then
 proceeds exactly as if hs_tracer were not there. Under torch.compile the hooks fold away
@@ -24,8 +24,8 @@ import torch
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.core import state as core
+from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
-from hs_tracer.export.recorder import Recorder
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
@@ -103,8 +103,7 @@ class TracerState(core.TracerState):
         self.static_findings = static.check_wiring(live, trained)
         if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
             self.static_findings.insert(0, unfit)
-        for f in self.static_findings:
-            logger.warning("hs_tracer: %s", f.one_line())
+        self.log_startup_findings()
         if self.emitting:
             # the line that proves the startup hooks ran (docs/deploy.md quotes it)
             r = self.ranks

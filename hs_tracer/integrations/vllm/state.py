@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hs_tracer.config import TracerConfig
 from hs_tracer.core import state as core
+from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
-from hs_tracer.export.recorder import Recorder
 from hs_tracer.findings import Finding
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.integrations.vllm import patching
@@ -62,8 +62,7 @@ class TracerState(core.TracerState):
     def finish_startup(self, wiring: WiringRecord, findings: list[Finding]) -> None:
         """The wiring is known: build the probe and the step path, start the recorder."""
         self.wiring, self.static_findings = wiring, findings
-        for f in findings:
-            logger.warning("hs_tracer: %s", f.one_line())
+        self.log_startup_findings()
         self.ranks, self.emitting = _ranks()
         if self.emitting:
             r = self.ranks  # the line that proves the startup hook ran, as under SGLang

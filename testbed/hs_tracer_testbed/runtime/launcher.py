@@ -119,6 +119,14 @@ def prepare_process(env: Mapping[str, str] | None = None) -> None:
             )
 
 
+def count_start() -> None:
+    """Note one engine start in the file ``TESTBED_ENGINE_START_LOG`` names, if set (the test suite
+    prints the count per test file)."""
+    if log := os.environ.get(START_LOG_ENV):
+        with open(log, "a") as f:
+            f.write(os.environ.get("PYTEST_CURRENT_TEST", "") + "\n")
+
+
 def engine_kwargs(
     target: Path | str,
     draft: Path | str | None = None,
@@ -176,9 +184,7 @@ def start_engine(
     prepare_process(env)
     import sglang as sgl
 
-    if log := os.environ.get(START_LOG_ENV):
-        with open(log, "a") as f:
-            f.write(os.environ.get("PYTEST_CURRENT_TEST", "") + "\n")
+    count_start()
     return sgl.Engine(
         **engine_kwargs(
             target, draft, spec_steps=spec_steps, topk=topk, num_draft_tokens=num_draft_tokens, **overrides

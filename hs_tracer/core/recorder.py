@@ -43,10 +43,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hs_tracer.export.analysis import Analysis, ExportSetup, Health
 from hs_tracer.export.batch import Scratch, StepBatch
+from hs_tracer.export.otel import OtelExporter
+from hs_tracer.export.process import ExportProcess
 
 if TYPE_CHECKING:
     from hs_tracer.config import TracerConfig
-    from hs_tracer.export.process import ExportProcess
     from hs_tracer.findings import Finding
     from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.fingerprint.stats import ChannelStats
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hs_tracer")
 
 
-# ---- what the recorder needs from the scheduler side (the SGLang integration's tracer state) -----
+# ---- what the recorder needs from the scheduler side (an engine adapter's tracer state) ----------
 class ProbeSource(Protocol):
     probe: FingerprintProbe
 
@@ -135,8 +136,6 @@ STATUS_EVERY_S = 2.0  # the export process gets this process's status at most th
 def export_mode(st: SchedulerSide) -> str:
     """``process`` or ``thread`` (module docstring): the configured mode, except that SGLang's
     request tracing keeps the exporters in this process."""
-    from hs_tracer.export.otel import OtelExporter
-
     if st.config.export == "process" and OtelExporter.request_tracing():
         logger.info("hs_tracer: SGLang traces requests in this process; hs_tracer's exporters run in "
                     "the scheduler process so they can add events to those traces")
@@ -153,7 +152,8 @@ def export_setup(st: SchedulerSide, probe: FingerprintProbe | None = None) -> Ex
                        draft_config=dict(st.draft_config),
                        profile=c.profile if st.profile_fits else None, span_sample=c.span_sample,
                        metrics_port=c.metrics_port, metrics_addr=c.metrics_addr,
-                       kernel_gpu_s=getattr(probe, "kernel_gpu_s", None))
+                       kernel_gpu_s=getattr(probe, "kernel_gpu_s", None),
+                       identity_off="HS_TRACER_IDENTITY_EVERY=0" if c.identity_every == 0 else None)
 
 
 class Recorder(threading.Thread):
@@ -219,8 +219,6 @@ class Recorder(threading.Thread):
             raise RuntimeError("fault injected by HS_TRACER_FAULT_INJECT=recorder")
         setup = export_setup(st, self._probe())
         if self.mode == "process":
-            from hs_tracer.export.process import ExportProcess
-
             try:
                 self.export = ExportProcess.start(setup, st.config.report_dir)
                 return
@@ -375,6 +373,4 @@ def _yield() -> None:
 
 
 def _request_tracing() -> bool:
-    from hs_tracer.export.otel import OtelExporter
-
     return OtelExporter.request_tracing()

@@ -113,12 +113,23 @@ class SlotVerdict:
     # matcher's drift score): low on text like the training data; other text and a collapse (verify
     # rows of rejected draft tokens) raise it
     drift: float | None = None
+    # measured: the rows equal none of the target's layers (``observed_source`` stays ``unknown``), the
+    # nearest candidate (its error is ``measured_error``) and the tested channel transform that explains
+    # the rows, if one does
+    fed_none: bool | None = None
+    nearest: str | None = None
+    transform: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k == "score"}
 
     def evidence(self) -> str:
         """The slot's evidence in words: what it matches, how near, and what the other candidate would be."""
+        if self.measured_rows is not None and self.fed_none:
+            how = ("no tested transform explains them" if self.transform is None else
+                   f"they are {self.transform['words']}")
+            return (f"(measured on {self.measured_rows} tokens: rows equal none of the target's layers; "
+                    f"nearest {self.nearest} differs by {_pct(self.measured_error)}; {how})")
         if self.measured_rows is not None:
             if self.candidates:
                 what = f"rows equal each of {' or '.join(self.candidates)}, not told apart"

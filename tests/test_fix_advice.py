@@ -330,3 +330,33 @@ def test_every_code_has_a_case() -> None:
 
     source = Path(sys.modules[__name__].__file__).read_text()
     assert [c.name for c in Code if f"Code.{c.name}" not in source] == []
+
+
+def test_the_fix_of_a_measured_slot_follows_its_cause() -> None:
+    """A value no layer has points at the capture channel's code (with the value it appends); two
+    slots fed each other's trained sources at the order the engine concatenates them; neither at the
+    draft's layer ids, which cannot fix them. A slot measured as fed none is never named as a layer,
+    whatever the window's statistics say."""
+    from hs_tracer.diagnosis.same_token import MeasuredSlot
+    from hs_tracer.diagnosis.verdict import live_report
+    from hs_tracer.findings import SlotVerdict
+
+    trained = ["block:1", "block:14", "block:26"]
+    judged = Report(slots=[SlotVerdict(k, s, "embedding" if k == 0 else s, 0.6)
+                           for k, s in enumerate(trained)])
+    none = MeasuredSlot(0, (), rows=256, error=0.93, nearest="block:0", runner_up="block:1",
+                        runner_up_error=0.95, tolerance=1e-3,
+                        transform={"transform": "residual_left_out", "source": "block:1", "error": 0.0,
+                                   "words": "block:1's output alone"})
+    swapped = [MeasuredSlot(k, (s,), rows=256, error=0.0, nearest=s, runner_up="block:0", runner_up_error=0.3,
+                            tolerance=1e-3) for k, s in ((1, "block:26"), (2, "block:14"))]
+    report = live_report([], judged, None, None, engine_layers_checked=True, measured=[none, *swapped])
+    assert report.slots[0].observed_source == "unknown" and report.slots[0].fed_none
+    assert "none of the target's layers" in report.slots[0].evidence()
+    assert [s.observed_source for s in report.slots[1:]] == ["block:26", "block:14"]
+    causes = {r.cause: r.fix for r in report.root_causes()}
+    assert set(causes) == {"capture_channel", "capture_order"}
+    assert "capture channel" in causes["capture_channel"] and "without adding the residual" in causes[
+        "capture_channel"]
+    assert "order" in causes["capture_order"]
+    assert all("eagle_aux_hidden_state_layer_ids" not in f.fix for f in report.findings)

@@ -181,3 +181,52 @@ def test_a_target_that_cannot_be_recomputed_is_an_input_error(real, capsys, tmp_
     code = main(["diagnose", str(live), "--profile", str(real["profile"]), "--target", str(target)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and str(target) in err[0], err
+
+
+CHANNEL_FAULTS = ["residual_left_out", "input_norm"]
+
+
+@pytest.mark.parametrize("fault", CHANNEL_FAULTS)
+def test_a_capture_channel_that_hands_over_a_value_no_layer_has_is_named_as_such(
+        real, capsys, tmp_path: Path, fault: str) -> None:
+    """Slots 1 and 2 carry the right layers' neighbourhood but not their value (the residual left out,
+    the next layer's input norm applied) while the record says the trained wiring: each is measured
+    as fed none of the target's layers, with the transform that explains it, never named as a layer
+    (not by the statistics either), and the fix points at the capture channel's code."""
+    from hs_tracer_testbed.rewired import channel_rows, write_capture
+
+    seqs = real["states"]
+    replaced = {k: channel_rows(real["target"].model, seqs, TRAINED[k], fault) for k in (1, 2)}
+    layers = real["target"].num_layers
+    live = write_capture(tmp_path / "cap", seqs, TRAINED, TRAINED, layers, replaced=replaced)
+    code, doc = _diagnose(capsys, live, real, "--target", str(real["target_dir"]), *MEASURE)
+    assert code == 1, doc
+    slots = doc["measured"]["slots"]
+    assert slots[0]["sources"] == [TRAINED[0]] and not slots[0]["fed_none"]
+    for k in (1, 2):
+        assert slots[k]["sources"] == [] and slots[k]["fed_none"], slots[k]
+        assert slots[k]["transform"]["transform"] == fault and slots[k]["transform"]["source"] == TRAINED[k]
+        row = doc["slots"][k]
+        assert row["observed_source"] == "unknown" and row["fed_none"] and "candidates" not in row
+        assert row["transform"]["transform"] == fault
+    assert doc["slots"][0]["observed_source"] == TRAINED[0]
+    named = [f for f in doc["findings"] if f.get("slot") in (1, 2) and f["severity"] == "critical"]
+    assert {f["slot"] for f in named} == {1, 2}
+    for f in named:
+        assert f["observed"] == "unknown" and "none of the target's layers" in f["message"]
+        assert "capture channel" in f["fix"] and "eagle_aux_hidden_state_layer_ids" not in f["fix"]
+    assert {r["cause"] for r in doc["root_causes"] if r["severity"] == "critical"} == {"capture_channel"}
+
+
+def test_two_slots_in_each_others_place_are_named_exactly_and_fixed_in_the_concatenation_order(
+        real, capsys, tmp_path: Path) -> None:
+    from hs_tracer_testbed.rewired import write_capture
+
+    fed = [TRAINED[0], TRAINED[2], TRAINED[1]]
+    live = write_capture(tmp_path / "cap", real["states"], fed, TRAINED, real["target"].num_layers)
+    code, doc = _diagnose(capsys, live, real, "--target", str(real["target_dir"]), *MEASURE)
+    assert code == 1
+    assert [s["observed_source"] for s in doc["slots"]] == fed
+    named = [f for f in doc["findings"] if f.get("slot") in (1, 2) and f["severity"] == "critical"]
+    assert named and all("order" in f["fix"] and f["details"]["cause"] == "capture_order" for f in named)
+    assert all("eagle_aux_hidden_state_layer_ids" not in f["fix"] for f in named)

@@ -46,7 +46,8 @@ def test_rows_from_no_candidate_are_not_named():
     cands = _stream()
     other = torch.randn(64, 1, 32)
     got = identify(other, cands, tolerance_for(torch.float32))[0]
-    assert got.sources == () and "no candidate" in got.describe()
+    assert got.sources == () and got.fed_none and "none of the target's layers" in got.describe()
+    assert got.runner_up != got.nearest
 
 
 def test_shapes_are_checked():
@@ -55,3 +56,28 @@ def test_shapes_are_checked():
         identify(torch.zeros(64, 1, 16), cands, 0.02)
     with pytest.raises(ValueError):
         split_slots(torch.zeros(4, 10), 3)
+
+
+def test_a_slot_fed_none_of_the_layers_is_tested_for_the_channel_transforms():
+    """Rows that equal no candidate are named by the transform of one that explains them: a channel
+    value (the residual left out, a norm: given as computed), a shard of the hidden size, a scale."""
+    from hs_tracer.diagnosis.same_token import explain
+
+    cands = _stream()
+    tol = tolerance_for(torch.float32)
+    normed = cands["block:3"] / cands["block:3"].norm(dim=1, keepdim=True)
+    half = torch.cat([cands["block:2"][:, :16], torch.randn(64, 16)], dim=1)
+    cases = {"input_norm": normed, "shard": half, "scale": 3.0 * cands["block:4"]}
+    for want, rows in cases.items():
+        m = identify(rows[:, None], cands, tol)[0]
+        assert m.fed_none and m.source is None
+        got = explain(m, rows, cands, {"input_norm": {"block:3": normed}})
+        assert got.transform is not None and got.transform["transform"] == want, (want, got.transform)
+        assert want.replace("_", " ") in " ".join(got.tested).replace("_", " ")
+        assert "none of the target's layers" in got.describe() and got.transform["words"] in got.describe()
+    assert explain(m, rows, cands, shards=False).tested == ("scale",)
+    noise = torch.randn(64, 32)
+    m = explain(identify(noise[:, None], cands, tol)[0], noise, cands)
+    assert m.transform is None and "no tested transform" in m.describe()
+    named = identify(cands["block:1"][:, None], cands, tol)[0]
+    assert explain(named, cands["block:1"], cands) is named  # a named slot is left as it is

@@ -22,7 +22,35 @@ FEATURES = "features"
 VOCABULARY = "vocabulary_map"
 NORM_FLAGS = "norm_flags"
 ACCEPTANCE = "acceptance"
-CAPTURE_LOOP = "capture_loop"
+CAPTURE_LOOP = "capture_loop"  # the engine feeds another layer than its record says
+CAPTURE_ORDER = "capture_order"  # the engine concatenates the slots in another order than trained
+CAPTURE_CHANNEL = "capture_channel"  # the engine feeds a value none of the target's layers has
+
+# The fix of each capture cause: what to change where the engine collects the aux states.
+ORDER_FIX = ("the engine concatenates the aux states in another order than the draft was trained on: its "
+             "loop appends each captured layer as it reaches it, so the slots come in ascending layer order "
+             "whatever order the ids are listed in (SGLang sorts them), unless the code that collects and "
+             "concatenates them (the model body's loop, an aux-state packer, the logits processor) reorders "
+             "them; fix that code, or serve a draft whose fc input blocks are permuted to the served order. "
+             "Reordering the draft config's ids changes nothing the engine feeds")
+CHANNEL_FIX = ("the engine's capture channel hands the draft a value none of the target's layers has{how}: "
+               "fix the code that appends the aux state in the target's model loop: it must append the "
+               "residual stream entering the captured layer (hidden_states + residual, before that layer's "
+               "input norm, gathered over the tensor ranks, unscaled). The draft's layer ids cannot fix this")
+CHANNEL_HOW = {
+    "residual_left_out": " (it appends the sublayer output without adding the residual, which fused add-norm "
+                         "layers hand back separately)",
+    "input_norm": " (it appends the value after the next layer's input norm)",
+    "shard": " (it appends one tensor rank's shard where the gathered state belongs)",
+    "scale": " (it rescales the value: a dtype or dequantisation scale in between)",
+}
+
+
+def channel_fix(transform: dict[str, Any] | None) -> str:
+    """The fix of a slot fed a value no layer has: the capture channel's code, and which value it
+    appends where a tested transform says so."""
+    return CHANNEL_FIX.format(how=CHANNEL_HOW.get((transform or {}).get("transform", ""), ""))
+
 
 _BY_CODE = {
     Code.LAYER_IDS_IGNORED: LAYER_IDS,
@@ -36,7 +64,8 @@ _BY_CODE = {
     Code.ACCEPTANCE_DROP: ACCEPTANCE,
 }
 # Where a symptom goes, first match wins: wiring causes, then the non-wiring ones in likelihood order.
-_SYMPTOM_HOSTS = (LAYER_IDS, CAPTURE_LOOP, INPUT_WIDTH, FEATURES, Code.FEATURES_FROM_OTHER_REQUESTS.value,
+_SYMPTOM_HOSTS = (LAYER_IDS, CAPTURE_CHANNEL, CAPTURE_ORDER, CAPTURE_LOOP, INPUT_WIDTH, FEATURES,
+                  Code.FEATURES_FROM_OTHER_REQUESTS.value,
                   VOCABULARY, NORM_FLAGS)
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 _TRAILING_PARENTHESIS = re.compile(r"\s*\((?:[^()]|\([^()]*\))*\)\s*$")

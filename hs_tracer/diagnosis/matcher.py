@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hs_tracer.diagnosis.causes import CAPTURE_ORDER, ORDER_FIX
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.fingerprint.stats import ChannelStats
-from hs_tracer.sources import UNKNOWN
+from hs_tracer.sources import UNKNOWN, Source
 
 JEFFREYS = "jeffreys"
 MEAN = "mean"
@@ -62,7 +63,7 @@ class Thresholds:
     rho_safety: float = 1.25  # rho >= rho_safety x the largest D(expected)/D(best other) seen on correct data
     drift_factor: float = 4.0  # feature_drift when D(expected) > drift_factor x t_match and it is still best
     drift_min_tokens: int = 1024  # drift is judged on windows at least this long (small ones are too noisy)
-    unknown_factor: float = 10.0  # observed "unknown" when D(best) > unknown_factor x t_match
+    unknown_factor: float = 15.0  # "unknown" when D(best) > this x max(t_match, largest trained gap)
     margin_min: float = 0.5  # a candidate is excluded when D(c) - D(best) >= margin x D(best <-> c)
     margin_safety: float = 1.5  # margin >= margin_safety x the deepest a correct window let a neighbour in
     max_candidates: int = 4  # sources listed for a slot the statistics cannot pin to one
@@ -112,8 +113,12 @@ class Candidates:
     statistic: str = JEFFREYS  # which divergence every distance to these candidates uses
     gap: np.ndarray | None = None  # [C]: D from each candidate to its nearest other candidate
     pair: np.ndarray | None = None  # [C, C]: D between candidates (symmetrised; inf on the diagonal)
+    adjacent: np.ndarray | None = None  # [C, C]: the two are neighbouring layers (embedding, block:0, ...)
 
     def __post_init__(self) -> None:
+        if self.adjacent is None:
+            depth = np.array([_layer_depth(n) for n in self.names], dtype=float)
+            self.adjacent = np.abs(depth[:, None] - depth[None, :]) == 1
         if self.pair is None:
             # row by row: a [C, C, H] temporary would be ~0.2 GB per array for 63 candidates at H=7168
             d = np.stack(
@@ -139,6 +144,13 @@ class Candidates:
         d_mean = divergence(self.mean[c : c + 1], self.var[c : c + 1], self.mean[n : n + 1],
                             self.var[n : n + 1], self.floor[n : n + 1], MEAN)[0, 0]
         return float(d_mean / max(float(self.pair[c, n]), 1e-30))
+
+
+def _layer_depth(name: str) -> float:
+    """Depth in the residual stream's sequence (embedding -1, block:j j); NaN for anything else (the
+    final norm is not a neighbour of the last block: another kind of value)."""
+    source = Source.parse(name)
+    return float(source.depth) if source.kind in ("embedding", "block") else float("nan")
 
 
 def candidates_of(
@@ -200,19 +212,25 @@ class SlotMatch:
     candidates: list[str] = field(default_factory=list)  # sources the window cannot exclude, nearest first
 
 
-def not_excluded(row: np.ndarray, best: int, pair: np.ndarray, margin: float, rho: float) -> np.ndarray:
+def not_excluded(row: np.ndarray, best: int, pair: np.ndarray, margin: float, rho: float,
+                 adjacent: np.ndarray | None = None) -> np.ndarray:
     """Candidates a window's divergences ``row`` cannot exclude, nearest first (``best`` included).
 
     A candidate is excluded when it is farther than the best by ``margin`` times the distance between
     the two sources, or by the calibrated ratio ``rho`` (which the toy target's close layers need; on
-    licence prose it wrongly excludes the right layer of SmolLM2-135M: docs/diagnosis.md). The margin is
+    licence prose it wrongly excludes the right layer of SmolLM2-135M: docs/diagnosis.md). A layer
+    next to the best (``adjacent[best]``) is excluded by the margin only: the ratio alone never
+    names a slot as one layer while its neighbour is within the calibrated margin. The margin is
     what survives a change of text domain: such a change inflates every
     divergence by about the same amount, so a ratio test calibrated on the training text both keeps
     and (on licence prose, SmolLM2-135M) wrongly excludes neighbours, while the excess of a wrong source
     over the right one stays about the distance between them.
     """
     excess = row - row[best]
-    keep = ((excess < margin * pair[best]) & (row < rho * max(row[best], 1e-30))) | (excess <= 0)
+    ratio_keeps = row < rho * max(row[best], 1e-30)
+    if adjacent is not None:
+        ratio_keeps = ratio_keeps | adjacent[best]
+    keep = ((excess < margin * pair[best]) & ratio_keeps) | (excess <= 0)
     idx = np.flatnonzero(keep)
     return idx[np.argsort(row[idx], kind="stable")]
 
@@ -231,6 +249,12 @@ def match_slots(
     """Per live slot: distances to all candidates and the decision described in the module docstring."""
     mean, var = moments(live)
     dist = divergence(mean, var, cands.mean, cands.var, cands.floor, cands.statistic)
+    # "no source" is one rule for every slot: the nearest candidate farther than unknown_factor units,
+    # a unit being the match level or, where larger, the largest distance of a trained source to its
+    # nearest other candidate (never the nearest candidate's own gap, which would let a far-off source
+    # such as the embedding claim any slot)
+    trained = [i for i in (cands.index(s) for s in expected) if i is not None]
+    unit = max([t_match, *(float(cands.gap[i]) for i in trained if np.isfinite(cands.gap[i]))])
     out = []
     for k in range(live.num_slots):
         row = dist[k]
@@ -243,12 +267,11 @@ def match_slots(
         d_best = float(row[best])
         # Far is relative: at least the noise level (t_match), and at least the distance between the
         # source and its nearest neighbour (a prompt-distribution change moves a slot by about that much).
-        far_best = max(t_match, float(cands.gap[best]))
         far_exp = max(t_match, float(cands.gap[e])) if e is not None else t_match
         mu = margin[k] if margin is not None and k < len(margin) else thresholds.margin_min
-        kept = not_excluded(row, best, cands.pair, mu, rho)
+        kept = not_excluded(row, best, cands.pair, mu, rho, cands.adjacent)
         names = [cands.names[int(i)] for i in kept]
-        if d_best > thresholds.unknown_factor * far_best:
+        if d_best > thresholds.unknown_factor * unit:
             verdict, observed, names = "unknown", UNKNOWN, []
         elif names == [exp_name]:
             drifted = d_exp > thresholds.drift_factor * far_exp and tokens >= thresholds.drift_min_tokens
@@ -293,6 +316,8 @@ def slot_findings(
     """Slot verdicts for the report and one finding per slot that is not ``ok``."""
     verdicts: list[SlotVerdict] = []
     findings: list[Finding] = []
+    trained = {m.index: m.expected for m in matches}
+    named = {m.index: m.observed for m in matches if m.observed != UNKNOWN}
     for m in matches:
         d_obs = m.d_expected if m.observed == m.expected else m.d_best
         margin = None
@@ -311,7 +336,9 @@ def slot_findings(
             drift=None if m.expected == UNKNOWN else _rounded(m.drift_score)))
         if m.expected == UNKNOWN or m.verdict == "ok":
             continue  # slots beyond the trained K: the width finding already says so
-        findings.append(_slot_finding(m, t_match, has_atlas))
+        order = (m.observed in trained.values() and m.observed != m.expected
+                 and any(j != m.index and got == m.expected for j, got in named.items()))
+        findings.append(_slot_finding(m, t_match, has_atlas, order))
     return verdicts, findings
 
 
@@ -320,7 +347,7 @@ def _rounded(x: float) -> float | None:
     return float(f"{x:.4g}") if np.isfinite(x) else None
 
 
-def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
+def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool, order: bool = False) -> Finding:
     details = {
         "d_expected": round(m.d_expected, 6),
         "d_best": round(m.d_best, 6),
@@ -346,6 +373,17 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
             observed=UNKNOWN,
             **common,
         )
+    if m.verdict == "mismatch" and order:  # another slot's trained source, its own fed elsewhere
+        return Finding(
+            Code.SLOT_SOURCE_MISMATCH,
+            Severity.CRITICAL,
+            f"slot {m.index} carries {m.observed}, the source another slot was trained on; the draft was "
+            f"trained on {m.expected} here, which another slot carries (distance {m.d_best / level:.2g} vs "
+            f"{m.d_expected / level:.3g} to {m.expected}, in match levels)",
+            fix=ORDER_FIX,
+            observed=m.observed,
+            **{**common, "details": {**details, "cause": CAPTURE_ORDER}},
+        )
     if m.verdict == "mismatch":
         how = (
             ""
@@ -369,10 +407,12 @@ def _slot_finding(m: SlotMatch, t_match: float, has_atlas: bool) -> Finding:
         return Finding(
             Code.SLOT_SOURCE_MISMATCH,
             Severity.CRITICAL,
-            f"slot {m.index} matches no reference source: nearest {m.best} at distance {m.d_best / level:.0f}"
-            f" (match levels); trained on {m.expected}{hint}",
-            fix="check that the serving target, its dtype and the captured layers are those the draft was "
-            "trained with (hs-tracer check)",
+            f"slot {m.index} matches no source: its statistics sit {m.d_best / level:.0f} match levels from"
+            f" the nearest, {m.best}, farther than any layer's windows reach; trained on {m.expected}{hint}",
+            fix="measure which value it is (hs-tracer diagnose CAPTURE --target T, or serve with "
+            "HS_TRACER_IDENTITY_EVERY on): a value none of the target's layers has points at the engine's "
+            "capture channel (residual left out, a norm applied, a shard, a scale); otherwise the serving "
+            "target or its dtype is not the one the draft was trained with (hs-tracer check)",
             observed=UNKNOWN,
             **common,
         )

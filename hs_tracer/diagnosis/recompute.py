@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hs_tracer.diagnosis.same_token import MeasuredSlot, identify, tolerance_for
+from hs_tracer.diagnosis.same_token import MeasuredSlot, explain, from_json, identify, tolerance_for
 from hs_tracer.errors import InputError
 from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.profile.progress import BuildProgress
@@ -83,17 +83,25 @@ def measure(target: Target, sample: Sample, dtype: str, *, progress: bool | None
                          f"vocabulary of {target.vocab_size}", "pass the target the dump was produced with")
     bar = BuildProgress(sample.rows, "recompute target", progress, unit="tok")
     slot_rows, cands = [], {name: [] for name in target.sources}
+    chans: dict[str, dict[str, list[torch.Tensor]]] = {}
     for seq in sample.sequences:
-        states = target.states(seq.input_ids, seq.positions)
+        seen: dict[str, dict[str, torch.Tensor]] = {}
+        states = target.states(seq.input_ids, seq.positions, channels=seen)
         slot_rows.append(seq.rows.float())
         for name, rows in states.items():
             cands[name].append(rows)
+        for kind, by_source in seen.items():
+            for name, rows in by_source.items():
+                chans.setdefault(kind, {}).setdefault(name, []).append(rows)
         bar.update(len(seq.positions), len(seq.positions))
     bar.close()
     tol = tolerance_for(_dtype(dtype), torch.float32)
     x = torch.cat(slot_rows)
     finite = torch.isfinite(x).all(dim=2).all(dim=1)  # non-finite rows: a finding of their own, no distance
-    slots = identify(x[finite], {k: torch.cat(v)[finite] for k, v in cands.items()}, tol)
+    x = x[finite]
+    cand = {k: torch.cat(v)[finite] for k, v in cands.items()}
+    channels = {kind: {k: torch.cat(v)[finite] for k, v in by.items()} for kind, by in chans.items()}
+    slots = [explain(m, x[:, m.index], cand, channels) for m in identify(x, cand, tol)]
     return Measurement(slots, len(sample.sequences), sample.rows, tol, str(dtype), str(target.path),
                        dict(sample.left_out))
 
@@ -130,7 +138,7 @@ def recorded_findings(meta: Mapping[str, Any]) -> list[Finding]:
     raw = meta.get("source_measurement")
     if not raw or meta.get("stated_sources") is None:
         return []
-    slots = [MeasuredSlot(**{**m, "sources": tuple(m["sources"])}) for m in raw["slots"]]
+    slots = [from_json(m) for m in raw["slots"]]
     return training_findings(slots, meta["stated_sources"], meta)
 
 

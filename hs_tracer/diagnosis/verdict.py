@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
+from hs_tracer.diagnosis.causes import CAPTURE_CHANNEL, CAPTURE_LOOP, CAPTURE_ORDER, ORDER_FIX, channel_fix
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.diagnosis.same_token import MeasuredSlot
 from hs_tracer.findings import Acceptance, Code, Finding, Severity, SlotVerdict
@@ -97,10 +98,21 @@ class SlotEvidence:
     by: str
     recorded: str | None
     candidates: tuple[str, ...] = ()
+    none: bool = False  # measured: the rows equal none of the target's layers
+
+
+def reordered(k: int, fed: Mapping[int, str | None], trained: Mapping[int, str]) -> bool:
+    """Slot ``k`` is fed another slot's trained source while its own trained source is fed elsewhere:
+    the slots are in another order, not another layer."""
+    got = fed.get(k)
+    return (got is not None and got != trained.get(k) and got in trained.values()
+            and any(j != k and f == trained.get(k) for j, f in fed.items()))
 
 
 def _decide(v: SlotVerdict, measured: MeasuredSlot | None, window: Finding | None,
             recorded: str | None) -> SlotEvidence:
+    if measured is not None and measured.fed_none:  # a result: statistics never name it as a layer
+        return SlotEvidence(UNKNOWN, "measured", recorded, none=True)
     if measured is not None and measured.sources:
         if measured.source is not None:
             return SlotEvidence(measured.source, "measured", recorded)
@@ -118,27 +130,59 @@ def _decide(v: SlotVerdict, measured: MeasuredSlot | None, window: Finding | Non
 
 def _measured_slot(v: SlotVerdict, m: MeasuredSlot, e: SlotEvidence) -> SlotVerdict:
     """A slot named by same-token identity: the measurement's numbers replace the window's distances."""
+    if e.none:
+        return replace(v, observed_source=UNKNOWN, score=0.0, margin=None, distance=None,
+                       alternative=m.runner_up, alternative_distance=None, candidates=None,
+                       measured_error=m.error, measured_rows=m.rows,
+                       measured_runner_up_error=m.runner_up_error,
+                       fed_none=True, nearest=m.nearest, transform=m.transform)
     return replace(v, observed_source=e.observed, score=1.0 if e.observed == v.expected_source else 0.0,
                    margin=None, distance=None, alternative=m.runner_up, alternative_distance=None,
                    candidates=list(e.candidates) or None, measured_error=m.error, measured_rows=m.rows,
                    measured_runner_up_error=m.runner_up_error)
 
 
-def _measured_mismatch(m: MeasuredSlot, trained: str, record_wrong: bool) -> Finding:
+def _cause_fix(m: MeasuredSlot, trained: str, record_wrong: bool, reorder: bool) -> tuple[str | None, str]:
+    """The root cause (None: the wiring's, grouped by code) and the fix of a measured mismatch: a value
+    no layer has points at the capture channel, slots in another order at the concatenation order,
+    another layer at the capture loop when the engine's record is right about what it should feed,
+    else at the ids that make the engine feed it."""
+    if m.fed_none:
+        return CAPTURE_CHANNEL, channel_fix(m.transform)
+    if reorder:
+        return CAPTURE_ORDER, ORDER_FIX
+    if record_wrong:
+        return CAPTURE_LOOP, CAPTURE_LOOP_FIX
     fed = m.source or " or ".join(m.sources) or UNKNOWN
-    fix = (CAPTURE_LOOP_FIX if record_wrong else
-           f"make the engine feed {trained} in slot {m.index} (it feeds {fed}): check the draft config's "
-           "eagle_aux_hidden_state_layer_ids and the engine's layer-id convention (hs-tracer check)")
+    return None, (f"make the engine feed {trained} in slot {m.index} (it feeds {fed}): check the draft "
+                  "config's eagle_aux_hidden_state_layer_ids and the engine's layer-id convention "
+                  "(hs-tracer check)")
+
+
+def _measured_mismatch(m: MeasuredSlot, trained: str, record_wrong: bool, reorder: bool = False) -> Finding:
+    cause, fix = _cause_fix(m, trained, record_wrong, reorder)
+    if m.fed_none:
+        what = (f"slot {m.index} is fed none of the target's layers; the draft was trained on {trained} "
+                f"(measured on the same tokens: {m.describe()})")
+    else:
+        fed = m.source or " or ".join(m.sources) or UNKNOWN
+        what = (f"slot {m.index} carries {fed}; the draft was trained on {trained} (measured on the same "
+                f"tokens: {m.describe()})")
     return Finding(
-        Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL,
-        f"slot {m.index} carries {fed}; the draft was trained on {trained} (measured on the same tokens: "
-        f"{m.describe()})", fix=fix, slot=m.index, expected=trained, observed=m.source or UNKNOWN,
-        details={"measured": m.to_json(), **({"cause": "capture_loop"} if record_wrong else {})})
+        Code.SLOT_SOURCE_MISMATCH, Severity.CRITICAL, what, fix=fix, slot=m.index, expected=trained,
+        observed=m.source or UNKNOWN,
+        details={"measured": m.to_json(), **({"cause": cause} if cause else {}), **(
+            {"fed_none": True, "nearest": m.nearest, "transform": m.transform} if m.fed_none else {})})
 
 
 def _record_mismatch(k: int, e: SlotEvidence, trained: str, measured: MeasuredSlot | None,
-                     window: Finding | None) -> Finding:
+                     window: Finding | None, reorder: bool = False) -> Finding:
     """The engine's account of slot ``k`` against what its rows measurably are."""
+    cause, fix = CAPTURE_LOOP, CAPTURE_LOOP_FIX
+    if measured is not None and e.by == "measured" and (e.none or reorder):
+        cause, fix = _cause_fix(measured, trained, True, reorder)
+    elif reorder:
+        cause, fix = CAPTURE_ORDER, ORDER_FIX
     if e.by == "measured" and measured is not None:
         how = f"the rows it feeds: {measured.describe()}"
     else:
@@ -153,8 +197,9 @@ def _record_mismatch(k: int, e: SlotEvidence, trained: str, measured: MeasuredSl
     return Finding(
         Code.CAPTURE_RECORD_MISMATCH, severity,
         f"the engine records {e.recorded} for slot {k}; {how}: its capture is not what it records{when}",
-        fix=CAPTURE_LOOP_FIX, slot=k, expected=e.recorded, observed=e.observed,
-        details={"recorded": e.recorded, "evidence": e.by, "trained": trained, "cause": "capture_loop"})
+        fix=fix, slot=k, expected=e.recorded, observed=e.observed,
+        details={"recorded": e.recorded, "evidence": e.by, "trained": trained, "cause": cause,
+                 **({"fed_none": True} if e.none else {})})
 
 
 def _unconfirmed(f: Finding, recorded: str | None) -> Finding:
@@ -177,28 +222,31 @@ def judge_slots(static: Sequence[Finding], judged: Report | None,
     base = list(judged.slots) if judged is not None and judged.slots else [
         SlotVerdict(k, t, UNKNOWN, 0.0) for k, t in trained.items() if k in by_slot]
     slots, findings = [], list(rest)
+    decided = {v.index: _decide(v, by_slot.get(v.index), window.get(v.index), records.get(v.index))
+               for v in base}
+    fed = {k: e.observed if e.observed != UNKNOWN else None for k, e in decided.items()}
     for v in base:
         k, want = v.index, v.expected_source
-        m, w = by_slot.get(k), window.get(k)
-        e = _decide(v, m, w, records.get(k))
+        m, w, e = by_slot.get(k), window.get(k), decided[k]
         record_wrong = e.recorded is not None and e.by != "" and (
-            e.recorded != e.observed if e.observed != UNKNOWN
-            else bool(e.candidates) and e.recorded not in e.candidates)
+            e.none or (e.recorded != e.observed if e.observed != UNKNOWN
+                       else bool(e.candidates) and e.recorded not in e.candidates))
+        order = reordered(k, fed, trained)
         if e.by == "measured" and m is not None:
             slots.append(_measured_slot(v, m, e))
             if e.observed != want:
-                findings.append(_measured_mismatch(m, want, record_wrong and e.recorded == want))
+                findings.append(_measured_mismatch(m, want, record_wrong and e.recorded == want, order))
             elif w is not None and w.code is Code.FEATURE_DRIFT:
                 findings.append(w)
         else:
             slots.append(v)
             if w is not None:
                 shifted = record_wrong and e.recorded == want and w.code is Code.SLOT_SOURCE_MISMATCH
-                loop = {**w.details, "cause": "capture_loop"}
+                cause, fix = (CAPTURE_ORDER, ORDER_FIX) if order else (CAPTURE_LOOP, CAPTURE_LOOP_FIX)
                 findings.append(_unconfirmed(w, e.recorded) if e.by == "" else
-                                replace(w, fix=CAPTURE_LOOP_FIX, details=loop) if shifted else w)
+                                replace(w, fix=fix, details={**w.details, "cause": cause}) if shifted else w)
         if record_wrong:
-            findings.append(_record_mismatch(k, e, want, m, w))
+            findings.append(_record_mismatch(k, e, want, m, w, order))
     return slots, findings
 
 
@@ -207,7 +255,7 @@ def _account_superseded(f: Finding, slots: Mapping[int, SlotVerdict]) -> bool:
     named the slot otherwise: the ``capture_record_mismatch`` finding carries the disagreement."""
     s = slots.get(f.slot) if f.slot is not None else None
     return (s is not None and f.code in _WIRING_CODES and f.observed not in (None, UNKNOWN)
-            and s.observed_source not in (UNKNOWN, f.observed))
+            and (bool(s.fed_none) or s.observed_source not in (UNKNOWN, f.observed)))
 
 
 def _with_record_fix(f: Finding, static: Sequence[Finding]) -> Finding:
@@ -243,7 +291,8 @@ def live_report(
     named = {s.index: s for s in slots}
     # A slot's finding that names one source (measured, or decisive statistics) replaces the record's
     # finding of the same code and slot; where the window leaves candidates, the record's narrows them.
-    decided = {(f.code, f.slot) for f in slot_findings if f.observed not in (None, UNKNOWN)}
+    decided = {(f.code, f.slot) for f in slot_findings
+               if f.observed not in (None, UNKNOWN) or f.details.get("fed_none")}
     findings = [f for f in static if not _account_superseded(f, named) and (f.code, f.slot) not in decided]
     seen = {(f.code, f.slot) for f in findings}
     findings += [_with_record_fix(f, static) for f in slot_findings if (f.code, f.slot) not in seen]

@@ -28,7 +28,7 @@ import torch
 
 from hs_tracer.diagnosis.identity import diagnose_detailed
 from hs_tracer.diagnosis.report import Report
-from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, MeasuredSlot, identify
+from hs_tracer.diagnosis.same_token import EXACT_TOLERANCE, MeasuredSlot, explain, identify
 from hs_tracer.diagnosis.verdict import judge_slots, live_report
 from hs_tracer.export.batch import step_digest
 from hs_tracer.export.digest_join import DigestJoin
@@ -377,7 +377,10 @@ class Analysis:
         rows = torch.from_numpy(np.array(slots, dtype=np.float32))
         cands = {n: torch.from_numpy(np.array(candidates[i], dtype=np.float32))
                  for i, n in enumerate(names)}
-        self.measured = identify(rows, cands, EXACT_TOLERANCE)
+        # a slot fed none of the layers: of the channel transforms only a constant scale survives the
+        # projection (a norm, a sublayer output or a shard of the channels is not among the candidates)
+        self.measured = [explain(m, rows[:, m.index], cands, shards=False)
+                         for m in identify(rows, cands, EXACT_TOLERANCE)]
         self._dirty = True
 
     def _diagnose(self, window: ChannelStats) -> None:

@@ -32,6 +32,8 @@ from hs_tracer.sources import EMBEDDING, FINAL_NORM, all_sources
 FIX = "pass the target model's directory (config.json and its safetensors weights)"
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 _FLOAT32 = 4
+RESIDUAL_LEFT_OUT = "residual_left_out"
+INPUT_NORM = "input_norm"
 
 
 @dataclass
@@ -61,9 +63,14 @@ class Target:
         return all_sources(self.num_layers)
 
     def states(self, input_ids: Sequence[int] | np.ndarray | torch.Tensor,
-               rows: Sequence[int] | np.ndarray | None = None) -> dict[str, torch.Tensor]:
+               rows: Sequence[int] | np.ndarray | None = None,
+               channels: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, torch.Tensor]:
         """Run the target on one sequence (``input_ids`` [T], positions 0..T-1) and return every
-        candidate source's rows ``[R, H]`` float32 at positions ``rows`` (default: all)."""
+        candidate source's rows ``[R, H]`` float32 at positions ``rows`` (default: all). With
+        ``channels`` (a dict, filled here), also what a capture channel hands over when it goes wrong
+        the usual ways, per source ``block:<j>``: ``residual_left_out`` the output of layer ``j``'s
+        last sublayer (its MLP) alone, ``input_norm`` the input norm of layer ``j + 1`` applied to
+        it (``embedding``: layer 0's), where the layers have those modules."""
         ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.long).reshape(1, -1)
         seen: dict[str, torch.Tensor] = {}
         layers = self.decoder.layers
@@ -79,6 +86,13 @@ class Target:
         hooks = [layers[0].register_forward_pre_hook(first_input, with_kwargs=True)]
         hooks += [layer.register_forward_hook(keep(f"block:{j}")) for j, layer in enumerate(layers)]
         hooks.append(self.decoder.norm.register_forward_hook(keep(FINAL_NORM)))
+        if channels is not None:
+            for j, layer in enumerate(layers):
+                if getattr(layer, "mlp", None) is not None:
+                    hooks.append(layer.mlp.register_forward_hook(keep(f"{RESIDUAL_LEFT_OUT}|block:{j}")))
+                if getattr(layer, "input_layernorm", None) is not None:
+                    before = EMBEDDING if j == 0 else f"block:{j - 1}"
+                    hooks.append(layer.input_layernorm.register_forward_hook(keep(f"{INPUT_NORM}|{before}")))
         try:
             with torch.no_grad():
                 self.decoder(input_ids=ids, use_cache=False)
@@ -86,6 +100,11 @@ class Target:
             for h in hooks:
                 h.remove()
         pick = slice(None) if rows is None else torch.as_tensor(np.asarray(rows), dtype=torch.long)
+        if channels is not None:
+            for key, value in seen.items():
+                if "|" in key:
+                    kind, source = key.split("|")
+                    channels.setdefault(kind, {})[source] = value[0, pick].float()
         return {name: seen[name][0, pick].float() for name in self.sources}
 
 

@@ -39,11 +39,38 @@ def rows(st: LayerStates, fed: Sequence[str]) -> torch.Tensor:
     return st.aux([c_out(s) for s in fed]).to(torch.bfloat16)
 
 
+def channel_rows(model: Any, states: Sequence[LayerStates], source: str, fault: str) -> list[torch.Tensor]:
+    """Per sequence, the ``[T, H]`` rows a capture channel that goes wrong hands over for ``source``
+    (``block:<j>``): ``residual_left_out`` layer j's MLP output alone (recomputed with a hook on that
+    module), ``input_norm`` the RMS norm of layer j+1's input norm applied to the block's output
+    (written out here, not taken from the model's module)."""
+    j = int(Source.parse(source).block)
+    layers = model.model.layers
+    out = []
+    for st in states:
+        if fault == "input_norm":
+            norm = layers[j + 1].input_layernorm
+            x = st.block(j).float()
+            out.append(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight)
+            continue
+        seen: list[torch.Tensor] = []
+        hook = layers[j].mlp.register_forward_hook(lambda _m, _i, o, seen=seen: seen.append(o))
+        try:
+            with torch.no_grad():
+                model(input_ids=st.input_ids[None])
+        finally:
+            hook.remove()
+        out.append(seen[0][0].float())
+    return out
+
+
 def write_capture(out: Path, states: Sequence[LayerStates], fed: Sequence[str], recorded: Sequence[str],
-                  num_layers: int, prefixed: int = 0) -> Path:
+                  num_layers: int, prefixed: int = 0,
+                  replaced: dict[int, list[torch.Tensor]] | None = None) -> Path:
     """An hs_tracer capture of whole requests (prefix 0) holding ``fed``'s rows while its manifest
     records ``recorded``. ``prefixed``: that many more requests whose first 8 tokens came from a
-    prefix cache (their rows start at position 8; they cannot be recomputed from the capture)."""
+    prefix cache (their rows start at position 8; they cannot be recomputed from the capture).
+    ``replaced``: per slot, rows of each sequence fed there instead (:func:`channel_rows`)."""
     hidden = int(states[0].layers.shape[-1])
     manifest = CaptureManifest(num_slots=len(fed), hidden_size=hidden, sources=list(recorded),
                                num_layers=num_layers, target_arch="LlamaForCausalLM",
@@ -52,7 +79,10 @@ def write_capture(out: Path, states: Sequence[LayerStates], fed: Sequence[str], 
     feats, ids, pos, lens = [], [], [], []
     for i, st in enumerate(states):
         start = 8 if i >= len(states) - prefixed else 0
-        feats.append(rows(st, fed)[start:])
+        blocks = list(rows(st, fed).chunk(len(fed), dim=-1))
+        for k, per_seq in (replaced or {}).items():
+            blocks[k] = per_seq[i].to(torch.bfloat16)
+        feats.append(torch.cat(blocks, dim=-1)[start:])
         ids.append(st.input_ids[start:])
         pos.append(torch.arange(start, len(st.input_ids)))
         lens.append(len(st.input_ids) - start)

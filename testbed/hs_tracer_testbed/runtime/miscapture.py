@@ -11,6 +11,16 @@ Modes, for a body whose ``layers_to_capture`` (vLLM: ``aux_hidden_state_layers``
 * ``late_deep``: the same for every slot but the first;
 * ``embedding_first``: the first slot gets the embedding (layer 0), the others stay.
 
+Channel modes (SGLang's Llama body): the loop captures the configured layers, but what it appends is
+not the residual stream entering them, while hs_tracer's own tap on each layer's capture channel still
+sees the right value (so the fault is in the loop's code, as when a model class appends the wrong
+tensor):
+
+* ``residual_left_out``: every slot gets the sublayer output alone (the MLP output of the layer before,
+  without the residual the fused add-norm keeps separately);
+* ``input_norm``: every slot gets the value after the captured layer's input norm;
+* ``swap``: the last two slots are appended in each other's place.
+
 The loop runs with the changed list and the body's list is restored before it returns, so
 everything that reads it (the engine's record, hs_tracer's startup and capture metadata) sees the
 configured layers.
@@ -30,6 +40,7 @@ MODES: dict[str, Callable[[list[int]], list[int]]] = {
     "late_deep": lambda layers: layers[:1] + [lay + 1 for lay in layers[1:]],
     "embedding_first": lambda layers: [0, *layers[1:]],
 }
+CHANNEL_MODES = ("residual_left_out", "input_norm", "swap")
 BODIES = {"sglang.srt.models.llama": "LlamaModel", "sglang.srt.models.deepseek_v2": "DeepseekV2Model"}
 VLLM_BODY = ("vllm.model_executor.models.llama", "LlamaModel", "aux_hidden_state_layers")
 
@@ -37,8 +48,8 @@ VLLM_BODY = ("vllm.model_executor.models.llama", "LlamaModel", "aux_hidden_state
 def mode() -> str | None:
     """The mode asked for, or None; an unknown mode raises (a test asked for something that is not here)."""
     name = os.environ.get(ENV) or None
-    if name is not None and name not in MODES:
-        raise ValueError(f"{ENV}={name!r}: one of {', '.join(MODES)}")
+    if name is not None and name not in MODES and name not in CHANNEL_MODES:
+        raise ValueError(f"{ENV}={name!r}: one of {', '.join([*MODES, *CHANNEL_MODES])}")
     return name
 
 
@@ -65,8 +76,46 @@ def patches() -> dict[str, Callable[[ModuleType], None]]:
     name = mode()
     if name is None:
         return {}
+    if name in CHANNEL_MODES:
+        return {"sglang.srt.models.llama": lambda m: mischannel(m, name)}
     return {module: (lambda m, cls=cls: miscapture(getattr(m, cls), MODES[name]))
             for module, cls in BODIES.items()}
+
+
+def mischannel(module: ModuleType, name: str) -> None:
+    """Make the Llama body's loop append ``name``'s value (a channel mode) instead of the captured
+    layer's input. The decoder layer notes itself and the residual before its boundary runs; the
+    loop's aux list (the callback the layer's capture channel ends in) transforms what it is handed."""
+    import torch
+
+    layer_cls, base = module.LlamaDecoderLayer, module.AuxHiddenStateList
+    forward = layer_cls.forward
+    running: dict[str, Any] = {}
+
+    @functools.wraps(forward)
+    def layer_forward(self: Any, positions: Any, hidden_states: Any, forward_batch: Any,
+                      capture_output: Any = None) -> Any:
+        if capture_output is not None:
+            stream = getattr(forward_batch, "residual_stream", None)
+            residual = getattr(stream, "residual", None)
+            running.update(layer=self, residual=None if residual is None else residual.clone())
+        return forward(self, positions, hidden_states, forward_batch, capture_output=capture_output)
+
+    class Appended(base):  # type: ignore[misc, valid-type]
+        def capture(self, hidden: Any, *, owned: bool = False) -> None:
+            value = hidden.float()
+            if name == "residual_left_out" and running.get("residual") is not None:
+                value = value - running["residual"].float()
+            elif name == "input_norm":
+                norm = running["layer"].input_layernorm
+                value = value * torch.rsqrt(value.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+                value = value * norm.weight.float()
+            super().capture(value.to(hidden.dtype).contiguous(), owned=True)
+            if name == "swap" and len(self) == 3:
+                self[1], self[2] = self[2], self[1]
+
+    layer_cls.forward = layer_forward
+    module.AuxHiddenStateList = Appended
 
 
 def patch_vllm() -> None:

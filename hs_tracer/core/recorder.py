@@ -110,6 +110,8 @@ class SchedulerSide(Protocol):
     dropped: int
     hook_errors: int
     enabled: bool
+    profile_fits: bool
+    identity_off: str | None
 
     def fail(self, where: str, exc: BaseException) -> None: ...
 
@@ -156,7 +158,8 @@ def export_setup(st: SchedulerSide, probe: FingerprintProbe | None = None) -> Ex
                        profile=c.profile if st.profile_fits else None, span_sample=c.span_sample,
                        metrics_port=c.metrics_port, metrics_addr=c.metrics_addr,
                        kernel_gpu_s=getattr(probe, "kernel_gpu_s", None),
-                       identity_off="HS_TRACER_IDENTITY_EVERY=0" if c.identity_every == 0 else None)
+                       identity_off="HS_TRACER_IDENTITY_EVERY=0" if c.identity_every == 0
+                       else st.identity_off)
 
 
 class Recorder(threading.Thread):

@@ -53,6 +53,7 @@ class TracerState(abc.ABC):
     wiring: WiringRecord | None = None
     static_findings: list[Finding] = field(default_factory=list)
     profile_fits: bool = True  # False: HS_TRACER_PROFILE is of another model and is not used
+    identity_off: str | None = None  # why the engine cannot have its layers measured here (the adapter's)
     ranks: Ranks | None = None
     emitting: bool = True  # False on ranks whose tensors another rank already traces
     # Step path: None until startup finished on this rank (non-last pipeline stages never get one).

@@ -89,10 +89,12 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     findings = check_vllm_wiring(wiring, capture, st.draft_config, profile_sources)
     if unfit is not None:  # first: nothing was compared with training, so nothing blames the draft
         findings.insert(0, unfit)
+    from hs_tracer.integrations.vllm import identity
+
+    if use_aux and identity.graphs_note(runner.compilation_config, runner.device):
+        st.identity_off = "cuda_graphs"  # replayed forwards are never sampled: the check reports it off
     st.finish_startup(wiring, findings)
     if use_aux and st.steps is not None:  # the emitting rank's tracer is running: measure the slots
-        from hs_tracer.integrations.vllm import identity
-
         st.identity = identity.install(st, _body(runner.model), runner.compilation_config, runner.model)
         st.write_report()
 

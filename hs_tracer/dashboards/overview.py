@@ -121,6 +121,26 @@ def _organize(exclude: list[str], rename: dict[str, str]) -> dash_m.DataTransfor
         "excludeByName": {name: True for name in exclude}, "renameByName": rename})
 
 
+def _labels_table(title: str, description: str, expr: str, *, span: int, height: int,
+                  exclude: list[str]) -> table.Panel:
+    """One row per series of an info-style metric (value 1), its labels as the columns."""
+    return (_table().title(title).description(description).datasource(PROM).unit("none")
+            .span(span).height(height)
+            .with_target(_target(expr, instant=True, fmt=prom_m.PromQueryFormat.TABLE))
+            .with_transformation(_organize(["Time", "Value", "__name__", "job", *exclude], {})))
+
+
+def _two_states(zero: tuple[str, str], one: tuple[str, str]) -> list[dash_m.DynamicConfigValue]:
+    """A 0/1 column shown as two coloured words, ``(text, colour)`` for each value."""
+    return [
+        dash_m.DynamicConfigValue(id_val="mappings", value=[
+            {"type": "value", "options": {
+                "0": {"text": zero[0], "color": zero[1], "index": 0},
+                "1": {"text": one[0], "color": one[1], "index": 1}}}]),
+        dash_m.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]
+
+
 # --- rows ------------------------------------------------------------------------------------------
 
 def _acceptance_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
@@ -202,13 +222,7 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         .with_transformation(dash_m.DataTransformerConfig(id_val="merge", options={}))
         .with_transformation(_organize(["Time", "__name__", "job"],
                                        {"Value #A": "match score", "Value #B": "mismatch"}))
-        .override_by_name("mismatch", [
-            dash_m.DynamicConfigValue(id_val="mappings", value=[
-                {"type": "value", "options": {
-                    "0": {"text": "ok", "color": "green", "index": 0},
-                    "1": {"text": "MISMATCH", "color": "red", "index": 1}}}]),
-            dash_m.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
-        ]))
+        .override_by_name("mismatch", _two_states(("ok", "green"), ("MISMATCH", "red"))))
     d = d.with_panel(slot_table)
     d = d.with_panel(_timeseries(
         "Slot wiring mismatch", "1 while a slot's observed source differs from the source the draft "
@@ -252,15 +266,12 @@ def _slots_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
 
 def _wiring_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_row(dash_b.Row("Wiring"))
-    d = d.with_panel(
-        _table().title("Wiring read at startup")
-        .description("How the target's hidden states are wired into the draft, per scheduler process: "
-                     "captured layer ids (SGLang's convention), the ids in the draft config, canonical "
-                     "source per slot, expected width K*H vs the draft fc input width.")
-        .datasource(PROM).unit("none").span(24).height(6)
-        .with_target(_target(f"{q.sel(m.WIRING_INFO)} == 1", instant=True,
-                             fmt=prom_m.PromQueryFormat.TABLE))
-        .with_transformation(_organize(["Time", "Value", "__name__", "job"], {})))
+    d = d.with_panel(_labels_table(
+        "Wiring read at startup",
+        "How the target's hidden states are wired into the draft, per scheduler process: captured layer "
+        "ids (SGLang's convention), the ids in the draft config, canonical source per slot, expected "
+        "width K*H vs the draft fc input width.",
+        f"{q.sel(m.WIRING_INFO)} == 1", span=24, height=6, exclude=[]))
     d = d.with_panel(_timeseries(
         "Draft input width", "Columns of the draft's input features in the last verify step: K*H with "
         "aux hidden states, H without (compare with expected_width in the wiring table).", "none",
@@ -271,15 +282,11 @@ def _wiring_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
 
 def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
     d = d.with_row(dash_b.Row("Root causes, checks and findings"))
-    d = d.with_panel(
-        _table().title("Root causes now")
-        .description("What is wrong on each server, one row per root cause, with the fix: what the "
-                     "alerts page for (runbook: HsTracerCriticalWiringFinding). Empty while no server "
-                     "has one.")
-        .datasource(PROM).unit("none").span(16).height(8)
-        .with_target(_target(f"{q.sel(m.ROOT_CAUSE_INFO)} == 1", instant=True,
-                             fmt=prom_m.PromQueryFormat.TABLE))
-        .with_transformation(_organize(["Time", "Value", "__name__", "job", "engine"], {})))
+    d = d.with_panel(_labels_table(
+        "Root causes now",
+        "What is wrong on each server, one row per root cause, with the fix: what the alerts page for "
+        "(runbook: HsTracerCriticalWiringFinding). Empty while no server has one.",
+        f"{q.sel(m.ROOT_CAUSE_INFO)} == 1", span=16, height=8, exclude=["engine"]))
     d = d.with_panel(
         _table().title("Checks")
         .description("Which checks hs_tracer runs on each server: slots (live slot sources against "
@@ -290,13 +297,7 @@ def _findings_row(d: dash_b.Dashboard) -> dash_b.Dashboard:
         .with_target(_target(f"max by (model, instance, check, reason) ({q.sel(m.CHECK_ACTIVE)})",
                              instant=True, fmt=prom_m.PromQueryFormat.TABLE))
         .with_transformation(_organize(["Time"], {"Value": "on"}))
-        .override_by_name("on", [
-            dash_m.DynamicConfigValue(id_val="mappings", value=[
-                {"type": "value", "options": {
-                    "0": {"text": "OFF", "color": "orange", "index": 0},
-                    "1": {"text": "on", "color": "green", "index": 1}}}]),
-            dash_m.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
-        ]))
+        .override_by_name("on", _two_states(("OFF", "orange"), ("on", "green"))))
     d = d.with_panel(
         _table().title("Findings since the tracer started")
         .description("Findings raised per process since it started, by stable code and severity: the "

@@ -147,9 +147,16 @@ def test_dp_attention_each_rank_diagnoses_its_own_requests(engines, testbed) -> 
     for rep in run.workloads["lossless"]["schedulers"]:
         assert_acceptance_is_sglangs(rep, [m for m in meta if m["dp_rank"] == rep["ranks"]["dp"]])
     for tp, rep in by_tp(run.schedulers).items():
+        # under attention DP nothing is measured on the same tokens: each rank's statistics decide, and
+        # a slot whose neighbouring layer its window cannot exclude is named with both (a warning),
+        # never as another layer and never with a critical finding
         d = rep["diagnosis"]
-        assert d["status"] == "ok", (tp, d["findings"])
-        assert [s["observed_source"] for s in d["slots"]] == trained_sources(testbed)
+        assert {f["code"] for f in d["findings"] if f["severity"] != "info"} <= {"slot_source_unresolved"}, \
+            (tp, d["findings"])
+        assert d["status"] in ("ok", "warning"), (tp, d["findings"])
+        for s, trained in zip(d["slots"], trained_sources(testbed), strict=True):
+            assert s["observed_source"] == trained or (
+                s["observed_source"] == "unknown" and trained in s["candidates"]), (tp, s)
 
 
 def test_dp_attention_each_rank_names_the_shifted_ids(engines, testbed) -> None:

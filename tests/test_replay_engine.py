@@ -146,8 +146,9 @@ def _fed_by_critical(report: dict[str, Any]) -> dict[int, set[str]]:
 @pytest.mark.parametrize("name", sorted(CAPTURED))
 def test_diagnose_on_the_capture_agrees_with_the_live_report(engines, diagnosed, name: str) -> None:
     """What the running engine reported and what ``hs-tracer diagnose`` says of its capture: one
-    status and exit code, per slot the same source (or the same sources not told apart), and the same
-    sources named fed by the critical findings."""
+    status and exit code; per slot the same source, or, where the capture's statistics alone cannot
+    exclude a neighbouring layer, the live (measured) source among the sources the capture names; the
+    same slots flagged critical, the live fed source among what the capture's findings name."""
     from hs_tracer.diagnosis.report import Report
 
     run = engines[CAPTURED[name]]
@@ -156,15 +157,18 @@ def test_diagnose_on_the_capture_agrees_with_the_live_report(engines, diagnosed,
     assert (offline["status"], code) == (live["status"], Report.from_json(live).exit_code)
     assert live["status"] == ("ok" if name == "correct" else "miswired")
 
-    def table(report: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [(s["index"], s["expected_source"], s["observed_source"], s.get("candidates"))
-                for s in report["slots"]]
-
-    assert table(offline) == table(live), (live["slots"], offline["slots"])
+    assert len(offline["slots"]) == len(live["slots"])
+    for on, off in zip(live["slots"], offline["slots"], strict=True):
+        assert (off["index"], off["expected_source"]) == (on["index"], on["expected_source"])
+        assert off["observed_source"] == on["observed_source"] or (
+            off["observed_source"] == "unknown" and on["observed_source"] in off["candidates"]), (on, off)
     fed = run.report["wiring"]["sources"]  # SGLang's own layers_to_capture, resolved
     assert [s["observed_source"] for s in live["slots"]] == fed
-    critical = _fed_by_critical(live)
-    assert critical == _fed_by_critical(offline)
+    critical, offline_critical = _fed_by_critical(live), _fed_by_critical(offline)
+    assert set(critical) == set(offline_critical)
+    for k, sources in critical.items():
+        named = offline_critical[k] | set(offline["slots"][k].get("candidates") or ())
+        assert sources <= named, (k, sources, named)
     assert critical == {s["index"]: {s["observed_source"]} for s in live["slots"]
                         if s["observed_source"] != s["expected_source"]}
 

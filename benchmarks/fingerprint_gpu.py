@@ -27,7 +27,8 @@ Method:
   adds them.
 Target: fused kernel <= max(8 us, 1.5 x floor) at every N; per-step host <= 10 us.
 ``--profile-n N`` only launches the kernel a few times at N (for Nsight Compute).
-``--sweep`` also times kernel configurations at N in {256, 1024, 4096} (graph) to pick the default.
+``--sweep`` also times single-tier kernel configurations at decoding row counts (graph) to pick the
+tiers (``kernel.DEFAULT_TIERS``).
 Writes fingerprint_gpu.json and fingerprint_gpu.md under --out.
 """
 
@@ -47,18 +48,23 @@ from pathlib import Path
 import torch
 from provenance import source_state
 
-from hs_tracer.fingerprint.kernel import DEFAULT_CONFIG, FingerprintWorkspace, KernelConfig, fingerprint_fused
+from hs_tracer.fingerprint.kernel import (
+    DEFAULT_TIERS,
+    FingerprintWorkspace,
+    KernelConfig,
+    RingTarget,
+    fingerprint_fused,
+)
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
+from hs_tracer.fingerprint.ring import DigestRing
 
 K, H = 3, 7168
 NS = (1, 16, 64, 256, 1024, 4096)
 DEV = torch.device("cuda")
-SWEEP = [KernelConfig(block_n=bn, block_h=bh, num_warps=w, waves=wv, prefetch=pf)
-         for bn, bh, w, wv, pf in ((8, 1024, 4, 2, True), (8, 1024, 4, 2, False), (8, 1024, 4, 3, False),
-                                   (4, 1024, 4, 2, True), (4, 1024, 4, 4, True), (8, 1024, 4, 4, True),
-                                   (8, 512, 2, 4, True), (8, 512, 2, 3, False), (8, 2048, 8, 2, True),
-                                   (16, 256, 8, 4, True))]
+SWEEP = [KernelConfig(block_h=bh, block_n=bn, num_warps=w)
+         for bh, bn, w in ((32, 4, 1), (32, 8, 1), (64, 4, 1), (64, 8, 2), (64, 16, 2), (64, 32, 4),
+                           (64, 64, 4), (128, 32, 4), (128, 64, 4), (256, 64, 8))]
 
 
 def machine() -> dict:
@@ -172,7 +178,8 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
     nbuf = len(xs)
     floor = n * K * H * 2 / bw * 1e6
     ws = FingerprintWorkspace(K, H, DEV)
-    pinned = torch.zeros((K, 5), dtype=torch.float32, pin_memory=True)
+    ring = DigestRing(K, H, 64, DEV, pinned=True, programs=ws.programs)
+    pinned = RingTarget(ring.records, ring.seq)
     acc = ChannelAccumulators(torch.zeros((K, H), dtype=torch.int32, device=DEV),
                               torch.zeros((2, K, H), dtype=torch.float32, device=DEV))
     probe = FingerprintProbe(K, H, DEV, ring_size=64)
@@ -210,7 +217,7 @@ def bench_n(n: int, bw: float, l2: int) -> dict:
         fingerprint_reference(xs[i], K, H, acc)
 
     row = {"N": n, "bytes": n * K * H * 2, "buffers": nbuf, "floor_us": floor,
-           "target_us": max(8.0, 1.5 * floor), "chunks": ws.grid(n)[0],
+           "target_us": max(8.0, 1.5 * floor), "tier": str(ws.config(n)),
            "fused_graph_us": time_graph(kernel, nbuf), "fused_eager_us": time_eager(kernel, nbuf),
            "fused_pinned_eager_us": time_eager(kernel_pinned, nbuf),
            "fused_masked_graph_us": time_graph(kernel_masked, nbuf),
@@ -242,10 +249,10 @@ def per_step_host(rows: list[dict]) -> None:
 
 def sweep(bw: float, l2: int) -> list[dict]:
     rows = []
-    for n in (1, 64, 256, 1024, 4096):
+    for n in (4, 32, 128, 512, 4096):
         xs = inputs(n, l2)
         for cfg in SWEEP:
-            ws = FingerprintWorkspace(K, H, DEV, cfg)
+            ws = FingerprintWorkspace(K, H, DEV, ((None, cfg),))
             us = time_graph(lambda i, ws=ws, xs=xs: fingerprint_fused(xs[i], ws), len(xs))
             rows.append({"N": n, **cfg.__dict__, "graph_us": us, "floor_us": n * K * H * 2 / bw * 1e6})
             print(f"sweep N={n} {cfg}: {us:.2f} us", flush=True)
@@ -258,7 +265,7 @@ def markdown(res: dict) -> str:
     lines = [f"# Fingerprint kernel on {m['gpu']} ({m['date_utc']})", "",
              f"torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}; copy bandwidth "
              f"{res['copy_bandwidth_GBps']:.0f} GB/s (read+write, 1 GiB D2D copy, median of 20). "
-             f"K={K}, H={H}, bf16. Config {res['config']}. "
+             f"K={K}, H={H}, bf16. Tiers {res['tiers']}. "
              "Method: benchmarks/fingerprint_gpu.py docstring.", "",
              "Headline: the per-step host figure a user pays on the scheduler thread (both per-step hooks "
              "through SGLang's HookRegistry wrappers, the probe's launch included; target <= 10 µs).", "",
@@ -286,11 +293,11 @@ def markdown(res: dict) -> str:
                      f"{r['torch_ref_eager_us']:.1f} | {'yes' if r['meets_target'] else 'NO'} |")
     if res.get("sweep"):
         lines += ["", "Config sweep (graph µs per call):", "",
-                  "| N | block_n | block_h | warps | waves | prefetch | µs | × floor |",
-                  "|---:|---:|---:|---:|---:|:---:|---:|---:|"]
+                  "| N | block_h | block_n | warps | µs | × floor |",
+                  "|---:|---:|---:|---:|---:|---:|"]
         for r in res["sweep"]:
-            lines.append(f"| {r['N']} | {r['block_n']} | {r['block_h']} | {r['num_warps']} | {r['waves']} | "
-                         f"{r['prefetch']} | {r['graph_us']:.2f} | {r['graph_us'] / r['floor_us']:.2f} |")
+            lines.append(f"| {r['N']} | {r['block_h']} | {r['block_n']} | {r['num_warps']} | "
+                         f"{r['graph_us']:.2f} | {r['graph_us'] / r['floor_us']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -309,7 +316,7 @@ def main() -> int:
         torch.cuda.synchronize()
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    res = {"machine": machine(), "config": DEFAULT_CONFIG.__dict__}
+    res = {"machine": machine(), "tiers": [[m, str(c)] for m, c in DEFAULT_TIERS]}
     l2 = res["machine"]["l2_bytes"]
     bw = copy_bandwidth()
     res["copy_bandwidth_GBps"] = bw / 1e9

@@ -4,7 +4,7 @@
 
 Checks, each on fresh random inputs (the seed is printed):
 1. kernel and torch reference on CUDA against the float64 numpy ground truth (bf16/fp16/fp32,
-   N 1..4096, K 1..4, H 64..7168, NaN/Inf rows, a row-strided view), digest poisoned first;
+   N 1..4096, K 1..4, H 64..7168, NaN/Inf rows, a row-strided view), every tier of the kernel;
 2. determinism: 50 launches on one input give bitwise-equal digests (a race would show);
 3. the probe under ``torch.cuda.set_sync_debug_mode("error")``: observe/drain/end_window/read_window
    for many steps with no sync and no device allocation, graph-replayed and direct launches, bounded ring;
@@ -35,9 +35,10 @@ import numpy as np
 import torch
 from provenance import source_state
 
-from hs_tracer.fingerprint.kernel import DEFAULT_CONFIG, FingerprintWorkspace, fingerprint_fused
+from hs_tracer.fingerprint.kernel import DEFAULT_TIERS, FingerprintWorkspace, RingTarget, fingerprint_fused
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_reference
+from hs_tracer.fingerprint.ring import DigestRing
 from hs_tracer.fingerprint.stats import ChannelStats, with_exact_count
 from hs_tracer.fingerprint.verify import (
     RTOL,
@@ -79,15 +80,14 @@ def check_kernel_vs_float64(rng: np.random.Generator) -> dict:
             ref_raw, ref_stats, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
             x = x_cpu.to(DEV)
             ws = FingerprintWorkspace(k, h, DEV)
-            ws.digest.fill_(float("nan"))
             fingerprint_fused(x, ws)
             acc = ChannelAccumulators(torch.zeros((k, h), dtype=torch.int32, device=DEV),
                                       torch.zeros((2, k, h), dtype=torch.float32, device=DEV))
             ref_torch = fingerprint_reference(x, k, h, acc)
             torch.cuda.synchronize()
-            for name, raw, stats in (("kernel", ws.digest, ws.acc.to_stats()),
-                                     ("torch_reference", ref_torch, acc.to_stats())):
-                d = digest_errors(with_exact_count(raw.cpu().numpy(), n, h), ref_raw, abs_sum)
+            for name, raw, stats in (("kernel", ws.last_digest()[1], ws.acc.to_stats()),
+                                     ("torch_reference", ref_torch.cpu().numpy(), acc.to_stats())):
+                d = digest_errors(with_exact_count(raw, n, h), ref_raw, abs_sum)
                 c = channel_errors(stats, ref_stats, abs_sum)
                 ok = within_tolerance(d, RTOL["float32"]) and within_tolerance(c, RTOL["float32"])
                 worst[name] = max(worst[name], d["sum"], d["sumsq"], c["sum"], c["sumsq"])
@@ -100,7 +100,7 @@ def check_kernel_vs_float64(rng: np.random.Generator) -> dict:
     fingerprint_fused(x, ws)
     ref_raw, ref_stats, abs_sum = fingerprint_float64(full[::4].double().numpy(), 3, 7168)
     torch.cuda.synchronize()
-    d = digest_errors(with_exact_count(ws.digest.cpu().numpy(), 256, 7168), ref_raw, abs_sum)
+    d = digest_errors(with_exact_count(ws.last_digest()[1], 256, 7168), ref_raw, abs_sum)
     c = channel_errors(ws.acc.to_stats(), ref_stats, abs_sum)
     if not (within_tolerance(d, RTOL["float32"]) and within_tolerance(c, RTOL["float32"])):
         failures.append(f"strided view: digest {d} channels {c}")
@@ -113,11 +113,13 @@ def check_determinism(rng: np.random.Generator) -> dict:
     x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
     x = x_cpu.to(DEV)
     ws = FingerprintWorkspace(k, h, DEV)
-    digests = torch.empty((reps, k, 5), device=DEV)
+    ring = DigestRing(k, h, 64, DEV, pinned=True, programs=ws.programs)
     for i in range(reps):
-        fingerprint_fused(x, ws, digests[i])
+        ring.note(i, n)
+        fingerprint_fused(x, ws, RingTarget(ring.records, ring.seq))
     torch.cuda.synchronize()
-    same = bool((digests == digests[0]).all().item())
+    raws = [raw for _s, _t, raw in ring.drain()]
+    same = len(raws) == reps and all(np.array_equal(r, raws[0]) for r in raws)
     _, ref_stats, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
     want = ChannelStats(ref_stats.count * reps, ref_stats.sum * reps, ref_stats.sumsq * reps)
     c = channel_errors(ws.acc.to_stats(), want, abs_sum * reps)
@@ -143,6 +145,7 @@ def _probe_run(rng: np.random.Generator, graphs: bool) -> dict:
     torch.cuda.synchronize()
     probe.drain()
     probe._acc.reset()  # the warm-up steps are not part of the windows checked below
+    compiled = len(probe._ws._compiled)  # one per tier, at construction
     got, windows = [], []
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -206,8 +209,8 @@ def _probe_run(rng: np.random.Generator, graphs: bool) -> dict:
     tail = [s for s, _ in probe.drain()]
     if tail != list(range(1004, 1012)) or probe.dropped - dropped0 != 4:
         failures.append(f"ring overflow: drained {tail}, dropped {probe.dropped - dropped0}")
-    if len(probe._ws._compiled) != 1:  # every ring slot and step size must reuse one compiled kernel
-        failures.append(f"{len(probe._ws._compiled)} kernel specialisations compiled during the steps")
+    if len(probe._ws._compiled) != compiled:  # every ring slot and step size reuses the warm-up's kernels
+        failures.append(f"{len(probe._ws._compiled) - compiled} kernels compiled during the steps")
     launcher = probe.launcher
     if graphs and launcher.replays < steps:
         failures.append(f"only {launcher.replays} of {steps} steps replayed a graph")
@@ -231,20 +234,23 @@ def check_graph_capture(rng: np.random.Generator) -> dict:
     k, h, n, replays = 3, 7168, 256, 5
     probe = FingerprintProbe(k, h, DEV)
     ws = FingerprintWorkspace(k, h, DEV)
-    pinned = torch.zeros((k, 5), dtype=torch.float32, pin_memory=True)
+    ring = DigestRing(k, h, 8, DEV, pinned=True, programs=ws.programs)
+    pinned = RingTarget(ring.records, ring.seq)
     static = torch.zeros((n, k * h), dtype=torch.bfloat16, device=DEV)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    ring.note(-1, n)
     with torch.cuda.stream(side):  # warm up off the capture, as torch recommends
         fingerprint_fused(static, ws, pinned)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    ring.skip_launched()
     ws.acc.reset()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         produced = static * 2  # graph-private output, like the target's aux hidden states
         probe.observe(produced, 0)  # under capture: kernel only
-        fingerprint_fused(static, ws, pinned)  # kernel writing the pinned digest directly
+        fingerprint_fused(static, ws, pinned)  # kernel writing the pinned ring directly
     torch.cuda.synchronize()
     probe._acc.reset()
     failures = []
@@ -253,13 +259,17 @@ def check_graph_capture(rng: np.random.Generator) -> dict:
         x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
         xs.append(x_cpu)
         static.copy_(x_cpu.to(DEV))
-        pinned.fill_(float("nan"))
+        ring.note(r, n)
         g.replay()
         torch.cuda.synchronize()
         ref_raw, _, abs_sum = fingerprint_float64(x_cpu.double().numpy(), k, h)
         ref2, _, abs2 = fingerprint_float64((x_cpu.double() * 2).numpy(), k, h)
-        for name, raw, rr, aa in (("pinned", pinned.double().numpy(), ref_raw, abs_sum),
-                                  ("probe", probe._ws.digest.double().cpu().numpy(), ref2, abs2)):
+        landed = ring.drain()
+        if len(landed) != 1:
+            failures.append(f"replay {r}: {len(landed)} ring rows landed")
+            continue
+        for name, raw, rr, aa in (("pinned", landed[0][2].astype(np.float64), ref_raw, abs_sum),
+                                  ("probe", probe._ws.last_digest()[1].astype(np.float64), ref2, abs2)):
             d = digest_errors(raw, rr, aa)
             if not within_tolerance(d, RTOL["float32"]):
                 failures.append(f"replay {r} {name}: {d}")
@@ -306,7 +316,7 @@ def check_replay_under_capture(rng: np.random.Generator) -> dict:
     static.copy_(x_cpu.to(DEV))
     g.replay()
     torch.cuda.synchronize()
-    expect(probe._ws.digest.double().cpu().numpy(), x_cpu, "captured kernel, replayed")
+    expect(probe._ws.last_digest()[1].astype(np.float64), x_cpu, "captured kernel, replayed")
     x_cpu = random_draft_input(rng, n, k, h, torch.bfloat16)
     static.copy_(x_cpu.to(DEV))
     probe.observe(static, 4)  # after the capture: replayed into the ring again
@@ -408,7 +418,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
-    result = {"machine": machine(), "seed": seed, "config": DEFAULT_CONFIG.__dict__, "checks": {}}
+    result = {"machine": machine(), "seed": seed, "tiers": [[m, str(c)] for m, c in DEFAULT_TIERS],
+              "checks": {}}
     log(f"machine {result['machine']} seed {seed}")
     ok = True
     for name, fn in (("kernel_vs_float64", check_kernel_vs_float64), ("determinism", check_determinism),

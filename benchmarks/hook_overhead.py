@@ -316,7 +316,7 @@ def bench_hooks(st: state.TracerState, n: int, device: torch.device, steps: int,
         # every launch noted on the host ran on the device (the kernel counts its runs)
         res = probe._ig_ring
         out.update(launch=launch, graph_replays=launcher.replays, direct_launches=launcher.direct,
-                   graphs=launcher.graphs, ring_noted=ring.launched, ring_ran=int(ring.seq.item()),
+                   graphs=launcher.graphs, ring_noted=ring.launched, ring_ran=int(ring.seq.item()) >> 32,
                    in_graph_noted=res.launched, in_graph_ran=int(res.seq.item()),
                    in_graph_fault=probe.in_graph_fault,
                    graph_launch_way=sorted({g.way for g in launcher._graphs.values()}))

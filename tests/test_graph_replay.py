@@ -17,6 +17,7 @@ import torch
 
 from hs_tracer.fingerprint import launch, native
 from hs_tracer.fingerprint.ring import DigestRing
+from tests.ring_rows import land
 
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 IS_CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
@@ -132,15 +133,14 @@ def test_graph_launch_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> No
 def test_ring_takes_back_a_note_whose_launch_did_not_happen() -> None:
     """The step path notes a launch before it replays; a replay refused (the stream was capturing)
     takes the note back, and the next launch gets that launch number and row."""
-    ring = DigestRing(1, 4, torch.device("cpu"), pinned=False)
+    ring = DigestRing(1, 8, 4, torch.device("cpu"), pinned=False, programs=1)
     ring.note(10, 6)
     ring.note(11, 6)
     ring.unnote()
     ring.note(12, 5)
     assert ring.launched == 2
     for seq, tokens in ((1, 6), (2, 5)):  # what the kernel writes for launches 1 and 2
-        ring.digests[seq % 4, 1] = tokens
-        ring.stamps[seq % 4] = seq
+        land(ring, seq, 0.0, rows=tokens)
     steps, counted, _raws = ring.drain_block()
     assert steps.tolist() == [10, 12] and counted.tolist() == [6, 5] and ring.dropped == 0
     assert np.array_equal(ring.drain_block()[0], [])

@@ -19,24 +19,19 @@ from hs_tracer.fingerprint.probe import kernel_rows
 from hs_tracer.fingerprint.reference import fingerprint_host
 from hs_tracer.fingerprint.ring import DigestRing
 from hs_tracer.integrations.sglang.state import TracerState
-
-
-def _land(ring: DigestRing, seq: int, value: float) -> None:
-    """What the kernel does for launch ``seq``: digest first, then the stamp."""
-    ring.digests[seq % ring.size].fill_(value)
-    ring.stamps[seq % ring.size] = seq
+from tests.ring_rows import land as _land
 
 
 def test_ring_with_notes_after_launches() -> None:
     """The device may run a launch before its note: a landed row waits for its note, the device's
     lead shows in ``device_ahead``, and rows within ``lead`` of reuse count as lost."""
-    ring = DigestRing(1, 8, torch.device("cpu"), pinned=False, lead=2)
+    ring = DigestRing(1, 4, 8, torch.device("cpu"), pinned=False, programs=1, lead=2)
     _land(ring, 1, 1.0)  # launched by a graph replay, not noted yet
     assert ring.device_ahead() == 1 and ring.drain() == []
     ring.note(11, 4)
     assert ring.device_ahead() == 0
     [(step, tokens, raw)] = ring.drain()
-    assert (step, tokens, float(raw[0, 0])) == (11, 4, 1.0) and ring.pending() == 0
+    assert (step, tokens, float(raw[0, 1])) == (11, 4, 1.0) and ring.pending() == 0
     for seq in range(2, 12):  # ten launches, noted, the reader asleep
         _land(ring, seq, float(seq))
         ring.note(100 + seq, 1)
@@ -46,7 +41,9 @@ def test_ring_with_notes_after_launches() -> None:
     ring.note(200, 1)  # noted, never launched
     assert ring.drain() == [] and ring.pending() == 1 and ring.device_ahead() == -1
     with pytest.raises(ValueError, match="lead"):
-        DigestRing(1, 4, torch.device("cpu"), pinned=False, lead=4)
+        DigestRing(1, 4, 4, torch.device("cpu"), pinned=False, programs=1, lead=4)
+    with pytest.raises(ValueError, match="power of two"):
+        DigestRing(1, 4, 6, torch.device("cpu"), pinned=False, programs=1)
 
 
 def test_kernel_rows_from_a_digest() -> None:

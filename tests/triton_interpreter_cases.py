@@ -5,10 +5,10 @@ Triton is first imported: Triton decorates its own standard library (``tl.zeros`
 interpreter only at that first import, which in the main test process happens earlier, through SGLang.
 
 The interpreter executes the same kernel source program by program, so these tests cover its
-indexing, masking, non-finite handling, the cross-program ticket reduction and the accumulator
-atomics; speed and the compiled code generation are covered on the GPU by
-benchmarks/gpu_check_fingerprint.py. Sizes are small because the interpreter is slow (~50 ms per
-program).
+indexing, masking, non-finite handling, the launch counter, the tagged ring rows the host adds
+up, the row-count tiers and the accumulator atomics; speed and the compiled code generation are
+covered on the GPU by benchmarks/gpu_check_fingerprint.py. Sizes are small because the interpreter
+is slow (~50 ms per program).
 """
 
 from __future__ import annotations
@@ -56,70 +56,75 @@ def rng() -> tuple[np.random.Generator, int]:
     return np.random.default_rng(seed), seed
 
 
-def _run_and_check(kernel: ModuleType, x: torch.Tensor, k: int, h: int, cfg, seed: int,
-                   num_sms: int = 4) -> None:
-    ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=num_sms)
-    ws.digest.fill_(float("nan"))  # every field must be written
+def _tiers(kernel: ModuleType, *shapes: tuple[int | None, int, int]) -> tuple:
+    """Row-count tiers of (most rows, block_h, block_n): small tiles, so the interpreter runs many
+    programs and row loops."""
+    return tuple((most, kernel.KernelConfig(block_h=bh, block_n=bn, num_warps=1)) for most, bh, bn in shapes)
+
+
+def _run_and_check(kernel: ModuleType, x: torch.Tensor, k: int, h: int, tiers, seed: int) -> None:
+    ws = kernel.FingerprintWorkspace(k, h, "cpu", tiers)
     kernel.fingerprint_fused(x, ws)
+    rows, raw = ws.last_digest()
     ref_raw, ref_stats, abs_sum = fingerprint_float64(x.double().numpy(), k, h)
-    d_err = digest_errors(ws.digest.double().numpy(), ref_raw, abs_sum)
+    d_err = digest_errors(raw.astype(np.float64), ref_raw, abs_sum)
     c_err = channel_errors(ws.acc.to_stats(), ref_stats, abs_sum)
-    where = f"N={x.shape[0]} K={k} H={h} {x.dtype} {cfg} seed {seed}"
+    where = f"N={x.shape[0]} K={k} H={h} {x.dtype} {tiers} seed {seed}"
+    assert rows == x.shape[0], where
     assert within_tolerance(d_err, RTOL["float32"]), f"digest {d_err} ({where})"
     assert within_tolerance(c_err, RTOL["float32"]), f"channels {c_err} ({where})"
-    assert ws._ticket.item() == 0, f"ticket not reset ({where})"
+    assert int(ws.own.seq) == 1 << 32, f"launch counter not closed ({where})"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_matches_float64_numpy(kernel, rng, dtype: str) -> None:
     gen, seed = rng
-    small = kernel.KernelConfig(block_n=4, block_h=32, block_p=8)  # many programs, looped reduction
-    plain = kernel.KernelConfig(block_n=4, block_h=32, prefetch=False)
-    for n, k, h, cfg in [(1, 1, 64, kernel.DEFAULT_CONFIG), (3, 4, 64, small), (50, 2, 64, small),
-                         (29, 2, 40, plain),
-                         (37, 3, 48, kernel.DEFAULT_CONFIG), (2, 3, 7168, kernel.KernelConfig(block_h=1024))]:
-        _run_and_check(kernel, random_draft_input(gen, n, k, h, DTYPES[dtype]), k, h, cfg, seed)
+    small = _tiers(kernel, (8, 16, 2), (None, 32, 4))  # two tiers, many programs, row loops
+    for n, k, h, tiers in [(1, 1, 64, kernel.DEFAULT_TIERS), (3, 4, 64, small), (50, 2, 64, small),
+                           (29, 2, 40, small), (37, 3, 48, kernel.DEFAULT_TIERS),
+                           (2, 3, 7168, _tiers(kernel, (None, 1024, 2)))]:
+        _run_and_check(kernel, random_draft_input(gen, n, k, h, DTYPES[dtype]), k, h, tiers, seed)
 
 
-def test_kernel_default_config_at_deepseek_width(kernel, rng) -> None:
+def test_kernel_default_tiers_at_deepseek_width(kernel, rng) -> None:
     gen, seed = rng
     _run_and_check(kernel, random_draft_input(gen, 2, 1, 7168, torch.bfloat16), 1, 7168,
-                   kernel.DEFAULT_CONFIG, seed)
+                   kernel.DEFAULT_TIERS, seed)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_fast_path_for_finite_rows(kernel, rng, dtype: str) -> None:
     """All-finite programs skip the masking; a lone NaN sends only its program to the masked scan."""
     gen, seed = rng
-    cfg = kernel.KernelConfig(block_n=4, block_h=32)
+    tiers = _tiers(kernel, (None, 32, 4))
     x = random_draft_input(gen, 40, 2, 64, DTYPES[dtype], nonfinite=False)
-    _run_and_check(kernel, x, 2, 64, cfg, seed, num_sms=8)
+    _run_and_check(kernel, x, 2, 64, tiers, seed)
     x[int(gen.integers(40)), int(gen.integers(128))] = float("nan")
-    _run_and_check(kernel, x, 2, 64, cfg, seed, num_sms=8)
+    _run_and_check(kernel, x, 2, 64, tiers, seed)
 
 
 def test_kernel_strided_rows_and_repeat_launches(kernel, rng) -> None:
     """A row-strided view (e.g. one row per request) is read in place; a second launch gets a fresh
-    digest (ticket reset, no memset) while the window sums keep adding."""
+    digest (the next launch number, no memset) while the window sums keep adding."""
     gen, seed = rng
     k, h = 2, 64
-    cfg = kernel.KernelConfig(block_n=4, block_h=32)
     full = random_draft_input(gen, 40, k, h, torch.float16)
     x = full[::4]
-    ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=2)
+    ws = kernel.FingerprintWorkspace(k, h, "cpu", _tiers(kernel, (None, 32, 4)))
     kernel.fingerprint_fused(x, ws)
-    first = ws.digest.clone()
+    first = ws.last_digest()[1].astype(np.float64)
     y = random_draft_input(gen, 9, k, h, torch.float16)
     kernel.fingerprint_fused(y, ws)
+    second = ws.last_digest()[1].astype(np.float64)
     ref_x, stats_x, abs_x = fingerprint_float64(x.double().numpy(), k, h)
     ref_y, stats_y, abs_y = fingerprint_float64(y.double().numpy(), k, h)
     rtol = RTOL["float32"]
-    assert within_tolerance(digest_errors(first.double().numpy(), ref_x, abs_x), rtol), f"seed {seed}"
-    assert within_tolerance(digest_errors(ws.digest.double().numpy(), ref_y, abs_y), rtol), f"seed {seed}"
+    assert within_tolerance(digest_errors(first, ref_x, abs_x), rtol), f"seed {seed}"
+    assert within_tolerance(digest_errors(second, ref_y, abs_y), rtol), f"seed {seed}"
     both = stats_x.merge(stats_y)
     assert within_tolerance(channel_errors(ws.acc.to_stats(), both, abs_x + abs_y), rtol), f"seed {seed}"
     # The kernel's digests of the two launches merge to the digest of their union.
-    merged = merge_digest_raw(first.double().numpy(), ws.digest.double().numpy())
+    merged = merge_digest_raw(first, second)
     ref_u, _, abs_u = fingerprint_float64(torch.cat([x, y]).double().numpy(), k, h)
     assert within_tolerance(digest_errors(merged, ref_u, abs_u), rtol), f"seed {seed}"
 
@@ -154,22 +159,22 @@ def _expect_digests(got, inputs, k: int, h: int, seed: int) -> None:
 def test_step_launcher_ring_and_graph_promotion(kernel, rng) -> None:
     """The per-step launch path: direct launches until an input (address, rows, strides, dtype) has
     been seen twice, then the captured launch is replayed; every launch, direct or replayed, fills the
-    next ring row (chosen on the device) and stamps it, and the ring maps rows back to step ids."""
+    next ring row (chosen on the device), tagged with its launch, and the ring maps rows back to
+    step ids."""
     from hs_tracer.fingerprint.launch import StepLauncher
     from hs_tracer.fingerprint.ring import DigestRing
 
     gen, seed = rng
     k, h = 2, 64
-    cfg = kernel.KernelConfig(block_n=4, block_h=32)
-    ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=2)
-    ring = DigestRing(k, 4, torch.device("cpu"), pinned=False)
+    ws = kernel.FingerprintWorkspace(k, h, "cpu", _tiers(kernel, (4, 16, 2), (None, 32, 4)))
+    ring = DigestRing(k, h, 4, torch.device("cpu"), pinned=False, programs=ws.programs)
     captured = []
 
     def capture(launch):
         captured.append(launch)
         return _ReplayByRerun(launch)
 
-    launcher = StepLauncher(ws, kernel.RingTarget(ring.digests, ring.stamps, ring.seq), capture,
+    launcher = StepLauncher(ws, kernel.RingTarget(ring.records, ring.seq), capture,
                             max_graphs=2, promote_after=2)
     static = random_draft_input(gen, 6, k, h, torch.bfloat16)  # a graph output buffer: same address
     inputs = []
@@ -180,7 +185,7 @@ def test_step_launcher_ring_and_graph_promotion(kernel, rng) -> None:
         inputs.append((step, static.clone()))
     assert (launcher.direct, launcher.captures, launcher.replays) == (2, 1, 1)
     _expect_digests(ring.drain(), inputs, k, h, seed)
-    assert ring.drain() == [] and int(ring.seq) == 3
+    assert ring.drain() == [] and int(ring.seq) == 3 << 32
 
     # A fresh allocation each step (eager mode) is launched directly; rows wrap around the ring.
     inputs = []
@@ -230,10 +235,9 @@ def test_masked_launch_reads_only_the_real_rows(kernel, rng) -> None:
 
     gen, seed = rng
     k, h = 2, 64
-    cfg = kernel.KernelConfig(block_n=4, block_h=32, block_p=8)
-    ws = kernel.FingerprintWorkspace(k, h, "cpu", cfg, num_sms=3)
-    ring = DigestRing(k, 8, torch.device("cpu"), pinned=False)
-    target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
+    ws = kernel.FingerprintWorkspace(k, h, "cpu", _tiers(kernel, (8, 16, 2), (None, 32, 4)))
+    ring = DigestRing(k, h, 8, torch.device("cpu"), pinned=False, programs=ws.programs)
+    target = kernel.RingTarget(ring.records, ring.seq)
     padded = random_draft_input(gen, 40, k, h, torch.bfloat16)  # more rows than one valid block (32)
     valid = torch.zeros(40, dtype=torch.int64)
     enable = torch.ones(1, dtype=torch.int32)
@@ -251,7 +255,7 @@ def test_masked_launch_reads_only_the_real_rows(kernel, rng) -> None:
     valid.fill_(1)
     enable.zero_()  # switched off: the same
     kernel.fingerprint_fused(padded, ws, ring=target, valid=valid, enable=enable)
-    assert int(ring.seq) == 4 and ws._ticket.item() == 0
+    assert int(ring.seq) == 4 << 32  # the two empty launches took themselves back
     _expect_digests(ring.drain(), kept, k, h, seed)  # the NaN padding would show in the non-finite counts
     union = torch.cat([x for _, x in kept])
     _, stats, abs_sum = fingerprint_float64(union.double().numpy(), k, h)

@@ -2,9 +2,9 @@
 
 On CUDA, :meth:`FingerprintProbe.observe` enqueues the fused kernel on the current stream, through a
 :class:`~hs_tracer.fingerprint.launch.StepLauncher` (a one-kernel CUDA graph replayed per input
-address, or a direct launch). The kernel writes the step digest straight into the next row of a
-pinned host ring and stamps the row (:class:`~hs_tracer.fingerprint.ring.DigestRing`);
-:meth:`drain` returns the rows whose stamp has landed, oldest first, from any one thread. Nothing
+address, or a direct launch). The kernel writes the step's partial sums straight into the next row
+of a pinned host ring, every word tagged with its launch (:class:`~hs_tracer.fingerprint.ring.DigestRing`);
+:meth:`drain` returns the digests of the rows that have landed, oldest first, from any one thread. Nothing
 ever waits for the GPU, and the step path records no event and builds no digest: it notes
 ``(launch, step, tokens)`` and launches. The ring is bounded: when the reader falls behind, the
 oldest unread rows are overwritten and :attr:`dropped` counts them.
@@ -23,7 +23,7 @@ while SGLang captures it) and the step path has nothing to launch: it notes the 
 its own. The graph is captured for a padded batch; the kernel reads only the rows whose KV-cache
 slot is non-zero (SGLang zeroes the padding's slots on every replay and never hands out slot 0),
 counts them into the digest, and the drain checks that count against the rows the step path saw.
-Any disagreement, or stamps the step path never noted (a replay it did not see), stops the
+Any disagreement, or launches the step path never noted (a replay it did not see), stops the
 recorded kernels for good (:attr:`in_graph_fault`; a device flag read by the kernel) and the steps
 go back to a launch each.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -43,14 +43,16 @@ import torch
 from hs_tracer.fingerprint.reference import ChannelAccumulators, fingerprint_host
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH, ChannelStats, StepDigest
 
-if TYPE_CHECKING:
-    from hs_tracer.fingerprint.kernel import KernelConfig
-
 logger = logging.getLogger("hs_tracer")
 
 _IN_GRAPH_LEAD = 8
 """Launches the target's graph may run ahead of the step path's notes (it notes a step once the
 graph replayed; one replay is in flight at most, the rest is margin)."""
+
+_RING_BYTES = 8 << 20
+"""Pinned bytes per digest ring at most: on CUDA a ring row holds every program's partial sums
+(about 21 KB at K x H = 3 x 7168), so a ring keeps at most the power of two of rows that fits (256
+there: the recorder drains every 50 ms, room for 5,000 steps a second)."""
 
 _WINDOW_SLOTS = 8
 """Pinned snapshot slots for closed windows: windows close at most every 0.1 s (the step path's
@@ -71,11 +73,11 @@ class FingerprintProbe:
 
     def __init__(self, num_slots: int, hidden: int, device: torch.device | str, ring_size: int = 64, *,
                  window_steps: int = 0, warmup_dtype: torch.dtype = torch.bfloat16,
-                 graphs: bool = True, config: KernelConfig | None = None) -> None:
+                 graphs: bool = True) -> None:
         """``window_steps > 0`` ends a window automatically every that many observed steps.
         ``warmup_dtype``: the input dtype the CUDA kernel is compiled and checked for at
         construction. ``graphs`` (CUDA): replay per-input CUDA graphs instead of launching each
-        step. ``config``: a ``kernel.KernelConfig``."""
+        step."""
         if num_slots < 1 or hidden < 1 or ring_size < 1:
             raise ValueError(f"num_slots, hidden and ring_size must be positive, got "
                              f"{num_slots}, {hidden}, {ring_size}")
@@ -101,23 +103,25 @@ class FingerprintProbe:
         # the CPU, where the reference runs on the host inside the hook's own time.
         self.kernel_gpu_s: float | None = None
         if self._cuda:
-            self._init_cuda(config, graphs, warmup_dtype)
+            self._init_cuda(graphs, warmup_dtype)
         else:
             self._acc = ChannelAccumulators.zeros(num_slots, hidden, self.device)
             self._ready: deque[tuple[int, int, np.ndarray]] = deque()
 
     # ---- CUDA state -------------------------------------------------------------------------------
-    def _init_cuda(self, config: KernelConfig | None, graphs: bool, warmup_dtype: torch.dtype) -> None:
+    def _init_cuda(self, graphs: bool, warmup_dtype: torch.dtype) -> None:
         from hs_tracer.fingerprint import kernel, launch
-        from hs_tracer.fingerprint.ring import DigestRing
+        from hs_tracer.fingerprint.ring import DigestRing, row_words
 
         k, h = self.num_slots, self.hidden
-        cfg = config if config is not None else kernel.DEFAULT_CONFIG
         self._index = self.device.index
-        self._ws = kernel.FingerprintWorkspace(k, h, self.device, cfg)
+        self._ws = kernel.FingerprintWorkspace(k, h, self.device)
         self._acc = self._ws.acc
-        self._ring = DigestRing(k, self.ring_size, self.device, pinned=True)
-        target = kernel.RingTarget(self._ring.digests, self._ring.stamps, self._ring.seq)
+        programs = self._ws.programs
+        rows = max(1, min(self.ring_size, _RING_BYTES // (8 * row_words(programs))))
+        self.ring_size = 1 << (rows.bit_length() - 1)  # a power of two (ring.DigestRing)
+        self._ring = DigestRing(k, h, self.ring_size, self.device, pinned=True, programs=programs)
+        target = kernel.RingTarget(self._ring.records, self._ring.seq)
         capture = launch.cuda_graph_capture(self.device) if graphs else None
         self.launcher = launch.StepLauncher(self._ws, target, capture)
         self._capturing = launch.stream_capturing
@@ -125,11 +129,10 @@ class FingerprintProbe:
         self._idle: deque[int] = deque(maxlen=self.ring_size)  # N=0 steps: digest is known on the host
         # Launches recorded into the target's graphs: scratch and ring of their own (their launches
         # run inside SGLang's replays, possibly on another stream), the same window accumulators.
-        self._ig_ws = kernel.FingerprintWorkspace(k, h, self.device, cfg, acc=self._acc)
-        self._ig_ring = DigestRing(k, self.ring_size, self.device, pinned=True,
+        self._ig_ws = kernel.FingerprintWorkspace(k, h, self.device, acc=self._acc)
+        self._ig_ring = DigestRing(k, h, self.ring_size, self.device, pinned=True, programs=programs,
                                     lead=min(_IN_GRAPH_LEAD, self.ring_size // 2))
-        ring = self._ig_ring
-        self._ig_target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
+        self._ig_target = kernel.RingTarget(self._ig_ring.records, self._ig_ring.seq)
         self._ig_on = torch.ones(1, dtype=torch.int32, device=self.device)
         self.in_graph_inputs: dict[int, int] = {}  # graph output fingerprinted in its graph: address -> rows
         self.in_graph_fault: str | None = None  # set by the drain; the step path then stops them
@@ -152,32 +155,35 @@ class FingerprintProbe:
                 self._win_snapshots = None
 
     def _warmup(self, dtype: torch.dtype) -> None:
-        """Compile the kernel (plain and masked), check that it can write the pinned rings; no trace left.
+        """Compile the kernel (plain and masked, one row count per tier of the workspace), check that
+        it can write the pinned rings; no trace left. Nothing may compile while SGLang captures its
+        graphs, nor on the step path.
 
         Pinned memory is device-addressable under unified addressing (every 64-bit CUDA platform),
-        so the kernel's last program stores the 20-byte-per-slot digest and its stamp over the bus
-        itself; the check below confirms that the bytes arrived."""
+        so the kernel's programs store their tagged partial sums over the bus themselves; the check
+        below confirms that the bytes arrived."""
         from hs_tracer.fingerprint.kernel import fingerprint_fused
 
-        x = torch.ones((1, self._width), dtype=dtype, device=self.device)
+        bounds = [most for most, _cfg in self._ws.tiers if most is not None]
+        counts = [*bounds, (bounds[-1] + 1) if bounds else 1]  # a row count in every tier
+        x = torch.ones((max(counts), self._width), dtype=dtype, device=self.device)
+        valid = torch.ones(max(counts), dtype=torch.int64, device=self.device)
         stream = torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device):
-            self._ring.note(-1, 1)
-            self.launcher.launch(x, 1)
+            for n in counts:
+                self._ring.note(-1, n)
+                self.launcher.launch(x[:n], n)
+                self._ig_ring.note(-1, n)
+                fingerprint_fused(x[:n], self._ig_ws, ring=self._ig_target, valid=valid[:n],
+                                  enable=self._ig_on)
             stream.synchronize()  # construction time, not a step
-            landed = self._ring.drain()
-            if not landed or not np.all(landed[0][2][:, 1] == self.hidden):
+            want = [n * self.hidden for n in counts]
+            if [float(raw[0, 1]) for _s, _t, raw in self._ring.drain()] != want:
                 raise RuntimeError("the fingerprint kernel could not write its digest into pinned host "
                                    "memory; fingerprints need a GPU with unified addressing")
-            self.launcher.direct = 0
-            # the masked launch recorded into the target's graphs, compiled now: nothing may compile
-            # while SGLang captures
-            self._ig_ring.note(-1, 1)
-            fingerprint_fused(x, self._ig_ws, ring=self._ig_target,
-                              valid=torch.ones(1, dtype=torch.int64, device=self.device), enable=self._ig_on)
-            stream.synchronize()
-            if [(t, int(raw[0, 0])) for _s, t, raw in self._ig_ring.drain()] != [(1, self.hidden)]:
+            if [float(raw[0, 0]) for _s, _t, raw in self._ig_ring.drain()] != want:
                 raise RuntimeError("the masked fingerprint launch did not write its digest")
+            self.launcher.direct = 0
             self._ig_ring.skip_launched()
             self._ig_warmup = self._ig_ring.launched  # not steps (in_graph_steps)
             self.kernel_gpu_s = self._time_kernel(dtype, stream)
@@ -199,9 +205,9 @@ class FingerprintProbe:
             rows, launches = self.GPU_TIMING_ROWS, self.GPU_TIMING_LAUNCHES
             xs = [torch.randn((rows, self._width), device=self.device).to(dtype) for _ in range(4)]
             valid = torch.ones(rows, dtype=torch.int64, device=self.device)
-            ws = kernel.FingerprintWorkspace(self.num_slots, self.hidden, self.device, self._ws.config)
-            ring = DigestRing(self.num_slots, 4, self.device, pinned=True)
-            target = kernel.RingTarget(ring.digests, ring.stamps, ring.seq)
+            ws = kernel.FingerprintWorkspace(self.num_slots, self.hidden, self.device)
+            ring = DigestRing(self.num_slots, self.hidden, 4, self.device, pinned=True, programs=ws.programs)
+            target = kernel.RingTarget(ring.records, ring.seq)
 
             def launch(i: int) -> None:
                 kernel.fingerprint_fused(xs[i % len(xs)], ws, ring=target, valid=valid, enable=self._ig_on)

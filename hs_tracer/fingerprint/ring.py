@@ -1,22 +1,26 @@
-"""The host side of the digest ring the fused kernel writes: which launch is which step, and which
-rows have landed, without CUDA events.
+"""The host side of the ring the fused kernel writes: which launch is which step, which rows have
+landed, and the step digests from the programs' partial sums, without CUDA events.
 
-Launch number ``seq`` (counted on the device, see ``kernel.RingTarget``) fills row ``seq % R`` and
-stamps it with ``seq`` last. The producer (the scheduler thread) calls :meth:`DigestRing.note` just
-before each launch, storing ``step_id``, ``tokens`` and then ``seq`` for that row in three int64
-columns (memoryview stores: the step path allocates nothing). The consumer (any one thread at a
-time) calls :meth:`drain_block`: a row is complete when its stamp equals the launch number
-expected; it copies the rows and then checks that each row's bookkeeping still names that launch,
+Launch number ``L`` (1-based, counted on the device, see ``kernel.RingTarget``) fills row ``L % R``:
+two header words (rows read, programs) and four words per program (sum, sum of squares, absmax,
+non-finite count), every 8-byte word tagged with ``L``'s low 32 bits in its upper half. A row is
+complete when every word it expects carries the tag of the launch the reader expects; a word with an
+older tag is still to come, one with a newer tag means the row was reused. The host adds the
+programs' partials up (float64) into the ``[K, 5]`` digest.
+
+The producer (the scheduler thread) calls :meth:`DigestRing.note` just before each launch, storing
+``step_id``, ``tokens`` and then ``L`` for that row in three int64 columns (memoryview stores: the
+step path allocates nothing). The consumer (any one thread at a time) calls :meth:`drain_block`: it
+copies the rows due, then checks their tags and that each row's bookkeeping still names that launch,
 with a fixed number of array operations whatever the number of rows. Since the note for launch
-``seq + R`` is stored before that launch is enqueued (its launch number cleared first, set last),
-an unchanged note proves the copy was taken before anything could overwrite the row. Rows
-overwritten before they were read (the consumer more than R launches behind) are counted in
-:attr:`dropped`.
+``L + R`` is stored before that launch is enqueued (its launch number cleared first, set last), an
+unchanged note proves the copy was taken before anything could overwrite the row. Rows overwritten
+before they were read (the consumer more than R launches behind) are counted in :attr:`dropped`.
 
 A launch recorded into someone else's CUDA graph (the target model's) runs before the producer can
 note it: the note follows the launch. The device may then be up to ``lead`` launches past the last
 note, so rows within ``lead`` of being reused count as lost, and :meth:`device_ahead` tells how far
-past the notes the device's stamps have got (more than ``lead``: launches nobody noted).
+past the notes the device's launches have got (more than ``lead``: launches nobody noted).
 """
 
 from __future__ import annotations
@@ -28,24 +32,71 @@ import torch
 
 from hs_tracer.fingerprint.stats import DIGEST_WIDTH
 
+HEADER_WORDS = 2  # rows read, programs
+PROGRAM_WORDS = 4  # sum, sum of squares, absmax, non-finite count
+_TAG = 1 << 32
+
+
+def row_words(programs: int) -> int:
+    """Words of a ring row for launches of at most ``programs`` programs (an even count: rows stay
+    16-byte aligned, as the kernel is compiled for)."""
+    words = HEADER_WORDS + PROGRAM_WORDS * programs
+    return words + words % 2
+
+
+def _age(tags: np.ndarray, launches: np.ndarray) -> np.ndarray:
+    """Launch tags against the launches expected, modulo 2**32: 0 the same, < 0 older, > 0 newer."""
+    return (tags - (launches % _TAG) + _TAG // 2) % _TAG - _TAG // 2
+
+
+def reduce_rows(words: np.ndarray, launches: np.ndarray, num_slots: int,
+                hidden: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``words [n, W]`` (int64, as the kernel wrote them) read for ``launches [n]``: their age
+    (0: complete; < 0: some word still from an older launch; > 0: some word from a newer one), the
+    rows each read, and the raw digests ``[n, K, 5]`` float32 (count, sum, sumsq, absmax,
+    non-finite; valid where the age is 0). Partials are added in float64, in program order."""
+    n = words.shape[0]
+    tags = (words.view(np.uint64) >> np.uint64(32)).astype(np.int64)
+    low = words.view(np.uint32)[:, 0::2]  # little-endian: the value is the lower half
+    head_age = _age(tags[:, :HEADER_WORDS], launches[:, None])
+    age = np.where((head_age > 0).any(axis=1), 1, np.where((head_age < 0).any(axis=1), -1, 0))
+    rows = low[:, 0].view(np.int32).astype(np.int64)
+    programs = np.where(age == 0, low[:, 1].view(np.int32), 0)
+    raw = np.zeros((n, num_slots, DIGEST_WIDTH), dtype=np.float32)
+    for p in np.unique(programs[programs > 0]).tolist():
+        sel = np.flatnonzero(programs == p)
+        end = HEADER_WORDS + PROGRAM_WORDS * p
+        body = _age(tags[sel, HEADER_WORDS:end], launches[sel, None])
+        age[sel] = np.where((body > 0).any(axis=1), 1, np.where((body < 0).any(axis=1), -1, 0))
+        parts = low[sel, HEADER_WORDS:end].view(np.float32).astype(np.float64)
+        parts = parts.reshape(sel.size, num_slots, p // num_slots, PROGRAM_WORDS)
+        bad = parts[..., 3].sum(axis=2)
+        raw[sel, :, 0] = rows[sel, None] * hidden - bad
+        raw[sel, :, 1] = parts[..., 0].sum(axis=2)
+        raw[sel, :, 2] = parts[..., 1].sum(axis=2)
+        raw[sel, :, 3] = parts[..., 2].max(axis=2)
+        raw[sel, :, 4] = bad
+    return age, rows, raw
+
 
 class DigestRing:
-    """``size`` rows of ``[K, 5]`` float32 digests plus int64 stamps, in pinned host memory when
-    ``pinned`` (the GPU writes them over the bus), and the device-side launch counter."""
+    """``size`` rows of tagged partial sums (``row_words(programs)`` int64 each) of launches over
+    ``[N, num_slots * hidden]``, in pinned host
+    memory when ``pinned`` (the GPU writes them over the bus), and the device-side launch counter.
+    ``size`` is a power of two, so row ``L % size`` stays the device's after its 32-bit launch tags
+    wrap around."""
 
-    def __init__(self, num_slots: int, size: int, device: torch.device, pinned: bool, lead: int = 0) -> None:
-        if size < 1 or not 0 <= lead < size:
-            raise ValueError(f"ring size must be positive and lead in [0, size), got {size}, {lead}")
+    def __init__(self, num_slots: int, hidden: int, size: int, device: torch.device, pinned: bool,
+                 programs: int, lead: int = 0) -> None:
+        if size < 1 or size & (size - 1) or not 0 <= lead < size:
+            raise ValueError(f"ring size must be a power of two and lead in [0, size), got {size}, {lead}")
         self.num_slots = num_slots
+        self.hidden = hidden
         self.size = size
         self.lead = lead
-        width = num_slots * DIGEST_WIDTH
-        # Rows padded to 16 bytes: every row has the alignment the kernel was compiled for.
-        self.digests = torch.zeros((size, -(-width // 4) * 4), dtype=torch.float32, pin_memory=pinned)
-        self.stamps = torch.zeros(size, dtype=torch.int64, pin_memory=pinned)
+        self.records = torch.zeros((size, row_words(programs)), dtype=torch.int64, pin_memory=pinned)
         self.seq = torch.zeros(1, dtype=torch.int64, device=device)
-        self._rows = self.digests.numpy()[:, :width].reshape(size, num_slots, DIGEST_WIDTH)
-        self._stamps = self.stamps.numpy()
+        self._words = self.records.numpy()
         # the row's bookkeeping: launch number (0: none yet), step id, tokens
         self._note_seq = np.zeros(size, np.int64)
         self._note_step = np.zeros(size, np.int64)
@@ -86,7 +137,7 @@ class DigestRing:
     def drain_block(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Consumer: the launches that landed since the last call, oldest first, stopping at the first
         that has not, as arrays: step ids ``[n]``, tokens ``[n]`` (int64) and raw sums ``[n, K, 5]``
-        (float32). Never waits. The stamps of all rows due are compared at once and the landed rows
+        (float32). Never waits. The tags of all rows due are compared at once and the landed rows
         copied in one go (a batch of steps costs about what one did)."""
         with self._read_lock:
             last, nxt, size = self.launched, self._next, self.size
@@ -98,14 +149,14 @@ class DigestRing:
                 return _EMPTY_IDS, _EMPTY_IDS, np.zeros((0, self.num_slots, DIGEST_WIDTH), dtype=np.float32)
             seqs = np.arange(nxt, last + 1, dtype=np.int64)
             rows = seqs % size
-            stamps = self._stamps[rows]
-            early = np.flatnonzero(stamps < seqs)
+            words = self._words[rows]  # copied before the notes are checked (see module doc)
+            age, _read, raws = reduce_rows(words, seqs, self.num_slots, self.hidden)
+            early = np.flatnonzero(age < 0)
             n = int(early[0]) if early.size else seqs.size  # landed in order up to the first that has not
-            rows = rows[:n]
-            raws = self._rows[rows].copy()  # copied before the notes are checked (see module doc)
+            rows, raws = rows[:n], raws[:n]
             steps, tokens = self._note_step[rows], self._note_tokens[rows]
             # a row overwritten by launch seq + size before we read it fails one of the two checks
-            ok = (self._note_seq[rows] == seqs[:n]) & (stamps[:n] == seqs[:n])
+            ok = (self._note_seq[rows] == seqs[:n]) & (age[:n] == 0)
             kept = int(np.count_nonzero(ok))
             self.dropped += n - kept
             self._next = nxt + n
@@ -118,9 +169,10 @@ class DigestRing:
         return self.launched - self._next + 1
 
     def device_ahead(self) -> int:
-        """How many launches the device has stamped past the last note (the latest stamp minus the
-        last launch number noted; negative while noted launches are still to run)."""
-        return int(self._stamps.max()) - self.launched
+        """How many launches the device has written past the last note (the newest row's launch
+        minus the last launch number noted; negative while noted launches are still to run)."""
+        tags = (self._words[:, 0].view(np.uint64) >> np.uint64(32)).astype(np.int64)
+        return int(_age(tags, np.int64(self.launched)).max())
 
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)

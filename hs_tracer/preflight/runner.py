@@ -79,7 +79,7 @@ def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | No
         draft_num_aux_states=num_aux_states(draft),
         draft_input_hidden=fc_input_hidden(draft),
         graph_width=graph_width(draft, algorithm),
-        sglang_version=sglang_version,
+        engine_version=sglang_version,
     )
 
 

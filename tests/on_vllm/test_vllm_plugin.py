@@ -58,8 +58,8 @@ def test_vllm_loads_hs_tracers_entry_point() -> None:
 
 
 def _applied_after_register(env: dict[str, str]) -> str:
-    code = ("from hs_tracer.integrations.vllm import plugin, patching; plugin.register(); "
-            "print(len(patching.applied()))")
+    code = ("from hs_tracer.core import patching; from hs_tracer.integrations.vllm import plugin; "
+            "plugin.register(); print(len(patching.applied()))")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
@@ -73,7 +73,8 @@ def test_plugin_wraps_every_hook_only_with_hs_tracer_on() -> None:
 
 UNINSTALL = """
 import pkgutil
-from hs_tracer.integrations.vllm import patching, plugin, versions
+from hs_tracer.core import patching
+from hs_tracer.integrations.vllm import plugin, versions
 from hs_tracer.integrations.vllm.engine import ENGINE
 from hs_tracer.integrations.vllm.state import current
 

@@ -10,8 +10,9 @@ import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
+from hs_tracer.core import patching
 from hs_tracer.draft.norm_flags import FLAGS
-from hs_tracer.integrations.vllm import NAME, patching, versions
+from hs_tracer.integrations.vllm import NAME, versions
 from hs_tracer.integrations.vllm import layer_ids as vl
 
 

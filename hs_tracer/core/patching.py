@@ -1,6 +1,7 @@
-"""Wrapping vLLM methods (vLLM has no hook registry): a hook runs before or after the method it
-wraps, with the method's own arguments, and never changes them or its result (its handlers are
-guarded: :func:`hs_tracer.integrations.vllm.state.guarded`)."""
+"""Wrapping an engine's methods, for an engine without a hook registry of its own (vLLM): a hook runs
+before or after the method it wraps, with the method's own arguments, and never changes them or its
+result (its handlers are guarded: :meth:`hs_tracer.core.state.Slot.guarded`). :func:`unwrap_all` takes
+every wrapper back out, as OpenTelemetry's instrumentors uninstrument."""
 
 from __future__ import annotations
 

@@ -5,12 +5,15 @@ Each engine is one package, ``hs_tracer/integrations/<engine>/``, whose ``engine
 object with the :class:`Engine` interface; the registry below names it by a dotted path and imports it
 only when asked, so listing the engines imports no adapter and no engine. The neutral layers (static
 checks, diagnosis, export) and ``hs-tracer check --engine`` reach an engine only through
-:func:`get`; a new engine is its package plus one line in :data:`_BUILT_IN`.
+:func:`get`; a new engine is its package plus one line in :data:`_BUILT_IN`. An engine packaged
+outside hs_tracer registers under the ``hs_tracer.engines`` entry-point group instead (name ->
+``"module:attribute"``), which every process (the export process too) finds by itself.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -22,7 +25,8 @@ _BUILT_IN: dict[str, str] = {
     "vllm": "hs_tracer.integrations.vllm.engine:ENGINE",
 }
 _REGISTRY: dict[str, str] = dict(_BUILT_IN)
-DEFAULT = next(iter(_BUILT_IN))  # the engine a command means when it names none
+DEFAULT = next(iter(_BUILT_IN))
+ENTRY_POINT_GROUP = "hs_tracer.engines"  # the engine a command means when it names none
 
 
 class Engine(Protocol):
@@ -62,7 +66,8 @@ class Engine(Protocol):
 
 
 def names() -> list[str]:
-    """The registered engines, built-in first."""
+    """The engines registered so far, built-in first (an entry point's once :func:`get` looked it up:
+    listing them all would read every installed distribution's metadata)."""
     return list(_REGISTRY)
 
 
@@ -81,7 +86,12 @@ def get(name: str) -> Engine:
     """The engine registered as ``name``, its adapter imported now; an unknown name is an input error."""
     path = _REGISTRY.get(name)
     if path is None:
-        raise InputError(f"--engine {name} is not supported (one of: {', '.join(_REGISTRY)})")
+        found = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        path = found.get(name)
+        if path is None:
+            known = ", ".join({**_REGISTRY, **found})
+            raise InputError(f"--engine {name} is not supported (one of: {known})")
+        _REGISTRY[name] = path
     module, _, attr = path.partition(":")
     engine: Engine = getattr(importlib.import_module(module), attr)
     return engine

@@ -25,8 +25,8 @@ _BUILT_IN: dict[str, str] = {
     "vllm": "hs_tracer.integrations.vllm.engine:ENGINE",
 }
 _REGISTRY: dict[str, str] = dict(_BUILT_IN)
-DEFAULT = next(iter(_BUILT_IN))
-ENTRY_POINT_GROUP = "hs_tracer.engines"  # the engine a command means when it names none
+DEFAULT = next(iter(_BUILT_IN))  # the engine a command means when it names none
+ENTRY_POINT_GROUP = "hs_tracer.engines"  # where an engine packaged outside hs_tracer registers
 
 
 class Engine(Protocol):

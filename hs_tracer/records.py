@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer.fingerprint.stats import StepDigest
+
+# The one engine before records named theirs: JSON without an ``engine`` key, and the deprecated
+# ``sglang_version`` key, are its.
+_LEGACY_ENGINE = engines.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,12 @@ class WiringRecord:
     draft_graph_width: int | None = None
     use_aux_hidden_state: bool | None = None
     spec_args: dict[str, Any] = field(default_factory=dict)
-    # The serving engine ("sglang" or "vllm") and its release; ``layers_to_capture`` is the engine's
-    # own capture list in the C_in convention (SGLang's layers_to_capture, vLLM's aux layer ids).
-    engine: str = "sglang"
+    # The serving engine (its registry name, hs_tracer.engines) and its release; ``layers_to_capture``
+    # is the engine's own capture list in the C_in convention (SGLang's layers_to_capture, vLLM's aux
+    # layer ids).
+    engine: str = engines.DEFAULT
     engine_version: str = ""
-    # Where the engine read the layer ids it captures (vLLM: the config key, hs_tracer.sources.VLLM_*;
+    # Where the engine read the layer ids it captures (vLLM: the config key, its adapter's layer_ids.VLLM_*;
     # "" for an engine that reads them from one fixed place).
     layer_id_source: str = ""
     # The engine release whose layer-id rules apply: engine_version, or for a release newer than
@@ -66,7 +72,7 @@ class WiringRecord:
     def sglang_version(self) -> str:
         """Deprecated alias of ``engine_version`` under SGLang ("" under any other engine): the
         status file, capture manifests and the ``wiring_info`` metric still carry it."""
-        return self.engine_version if self.engine == "sglang" else ""
+        return self.engine_version if self.engine == _LEGACY_ENGINE else ""
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON, with the deprecated keys ``sglang_version`` and ``layer_ids_key``
@@ -81,7 +87,7 @@ class WiringRecord:
         d = dict(data)
         old_version = d.pop("sglang_version", "")
         old_source = d.pop("layer_ids_key", "")
-        if old_version and not d.get("engine_version") and d.get("engine", "sglang") == "sglang":
+        if old_version and not d.get("engine_version") and d.get("engine", _LEGACY_ENGINE) == _LEGACY_ENGINE:
             d["engine_version"] = old_version
         if old_source and not d.get("layer_id_source"):
             d["layer_id_source"] = old_source

@@ -214,6 +214,38 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
         return "off: " + line
 
     @check
+    def uninstall():
+        # Uninstall takes every hook back out of SGLang's registry and puts back the very function each
+        # patched attribute held (identity), also under another plugin's hook on the same target, which
+        # stays applied.
+        from hs_tracer.config import TracerConfig
+        from hs_tracer.integrations.sglang.engine import ENGINE
+        from sglang.srt.plugins.hook_registry import HookType
+
+        def attr(target):
+            owner, _, name = target.rpartition(".")
+            return getattr(pkgutil.resolve_name(owner), name)
+
+        HookRegistry.reset()
+        family = versions.installed_family()
+        served = sorted({h.target for h in versions.hooks_here(family)})
+        before = {t: attr(t) for t in served}
+        foreign = lambda result, *a, **k: None
+        HookRegistry.register(served[0], foreign, HookType.AFTER)
+        assert ENGINE.install(TracerConfig()) == len(versions.hooks_here(family))
+        HookRegistry.apply_hooks()
+        assert all(attr(t) is not before[t] for t in served) and state.current() is not None
+        ENGINE.uninstall()
+        ENGINE.uninstall()  # a second call finds nothing to undo
+        changed = [t for t in served[1:] if attr(t) is not before[t]]
+        assert not changed, changed
+        assert sorted(HookRegistry._hooks) == [served[0]] and state.current() is None
+        kept = attr(served[0])
+        assert kept is not before[served[0]] and kept.__wrapped__ is before[served[0]]
+        HookRegistry.reset()
+        return f"{len(served)} targets restored"
+
+    @check
     def status_reads_no_metadata():
         # status() runs every few seconds in the scheduler process, in the recorder thread holding the
         # scheduler's GIL, once per hand-off. Reading a distribution's metadata scans sys.path (about a
@@ -249,7 +281,7 @@ def release_checks() -> dict[str, str]:
 
 @pytest.mark.parametrize("name", ["version_guard", "post_release", "draft_layouts", "ranks_and_role",
                                   "registration", "newer_release",
-                                  "status_reads_no_metadata"])
+                                  "status_reads_no_metadata", "uninstall"])
 def test_the_installed_releases_real_classes(release_checks: dict[str, str], name: str) -> None:
     """The version guard (targets, parameters, reads, layer-id rules), a .postN build, the draft
     classes' layouts, the ranks/role readers, registration of exactly the family's hooks under their

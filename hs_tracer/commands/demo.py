@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import pkgutil
 import sys
-import tempfile
 from pathlib import Path
 
-DEFAULT_SCENARIOS = ["ids_shifted"]
+from hs_tracer import engines
+from hs_tracer.errors import InputError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from hs_tracer.commands import testbed_installed
 
-    scenarios = None  # without the testbed installed, `run` says how to get it
+    scenarios, defaults = None, []  # without the testbed installed, `run` says how to get it
     if testbed_installed():
-        from hs_tracer_testbed.miswire import SCENARIOS
+        from hs_tracer_testbed.miswire import DEFAULT_SCENARIOS, SCENARIOS
 
-        scenarios = sorted(SCENARIOS)
+        scenarios, defaults = sorted(SCENARIOS), DEFAULT_SCENARIOS
     p = sub.add_parser(
         "demo", help="run real SGLang with EAGLE-3 on CPU, traced, and print the live diagnosis",
         description="Starts sgl.Engine on the CPU with HS_TRACER=1, sends a workload and prints what "
@@ -27,10 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "DeepSeek-V3 target and its EAGLE-3 draft, built on first use) and also runs a miswired copy of "
         "the draft. Exit status: 0 when the configured draft is healthy and every deliberately miswired "
         "copy was caught (their critical findings are the expected answer), 1 otherwise, 2 for bad input.")
-    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
-                   help="serving engine (default sglang). vllm: real vLLM on CPU (its own venv, `make demo "
-                   "ENGINE=vllm`) with the vLLM testbed pair, the configured draft and a copy without its "
-                   "layer ids")
+    p.add_argument("--engine", choices=engines.names(), default=engines.DEFAULT,
+                   help=f"serving engine (default {engines.DEFAULT}). vllm: real vLLM on CPU (its own venv, "
+                   "`make demo ENGINE=vllm`) with the vLLM testbed pair, the configured draft and a copy "
+                   "without its layer ids")
     p.add_argument("--real", action="store_true",
                    help="use the real-model pair instead of the tiny testbed: SmolLM2-135M-Instruct "
                         "(Llama, 30 layers) and its EAGLE-3 draft trained here, on held-out real text "
@@ -40,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", type=Path, help="reference profile (default: built from the testbed data)")
     p.add_argument("--scenario", action="append", choices=scenarios, dest="scenarios",
                    help=f"also run a miswired copy of the draft (repeatable; default with the testbed: "
-                   f"{', '.join(DEFAULT_SCENARIOS)})")
+                   f"{', '.join(defaults)})")
     p.add_argument("--prompts", type=int, default=16, help="number of prompts (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--json", action="store_true",
@@ -54,7 +53,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hs_tracer.commands import TESTBED_MISSING, testbed_installed
-    from hs_tracer.errors import InputError
 
     if not testbed_installed():
         raise InputError(TESTBED_MISSING)
@@ -84,54 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--prompts and --max-new-tokens take positive numbers")
     if args.target is not None and args.draft is None:
         raise InputError("--target needs --draft (the demo traces EAGLE-3 speculative decoding)")
-    if args.engine == "vllm":
-        return _run_vllm(args)
-    if args.real and (args.target is not None or args.draft is not None):
-        raise InputError("--real picks its own target and draft; pass either --real or --target/--draft")
-    scenarios = args.scenarios if args.scenarios is not None else (
-        DEFAULT_SCENARIOS if args.target is None else [])
-    log = None
-    if not args.verbose:
-        fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-", suffix=".log")
-        os.close(fd)
-        log = Path(name)
-        # Said first: when an engine fails, SGLang may end this process before anything else prints.
-        print(f"SGLang's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
-    runs = demo.run(args.target, args.draft, profile=args.profile, scenarios=scenarios,
-                    num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log, real=args.real)
-    if args.json:
-        out = [r.to_json() for r in runs]
-        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
-    else:
-        print(demo.human(runs, expect_miswired=bool(scenarios), verbose=args.verbose))
-    return demo.exit_code(runs, expect_miswired=bool(scenarios))
-
-
-def _run_vllm(args: argparse.Namespace) -> int:
-    """The demo on vLLM (hs_tracer_testbed/vllm_demo.py): the configured draft, then a copy without
-    its layer ids (with the testbed pair)."""
-    import importlib.util
-
-    from hs_tracer.errors import InputError
-    from hs_tracer_testbed import demo, vllm_demo
-
-    if args.scenarios:
-        raise InputError("--scenario names SGLang's miswirings; with --engine vllm the demo runs the draft "
-                         "without its layer ids")
-    if importlib.util.find_spec("vllm") is None:
-        raise InputError("--engine vllm needs vLLM installed: `make demo ENGINE=vllm` builds its venv")
-    log = None
-    if not args.verbose:
-        fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-vllm-", suffix=".log")
-        os.close(fd)
-        log = Path(name)
-        print(f"vLLM's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
-    miswired = args.target is None
-    runs = vllm_demo.run(args.target, args.draft, profile=args.profile, miswired=miswired,
-                         num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log)
-    if args.json:
-        out = [r.to_json() for r in runs]
-        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
-    else:
-        print(demo.human(runs, expect_miswired=miswired, verbose=args.verbose))
-    return demo.exit_code(runs, expect_miswired=miswired)
+    harness = demo.HARNESSES.get(args.engine)
+    if harness is None:
+        raise InputError(f"--engine {args.engine}: the testbed has no demo for this engine")
+    return pkgutil.resolve_name(harness)(args)

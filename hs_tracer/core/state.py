@@ -168,6 +168,13 @@ class Slot(Generic[S]):
         self.state = st
         return st
 
+    def clear(self) -> None:
+        """Forget the state (an adapter's uninstall): its recorder stops, and a hook still reachable
+        from an engine object's bound reference finds no state and does nothing."""
+        st, self.state = self.state, None
+        if st is not None and st.recorder is not None:
+            st.recorder.stop()
+
     def guarded(self, where: str) -> Callable[[F], F]:
         """Run a hook ``fn(state, *args)`` only while tracing is on; turn any exception into
         :meth:`TracerState.fail`. The wrapped hook returns None on every path, so it never changes

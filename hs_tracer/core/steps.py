@@ -24,25 +24,13 @@ stream (a short workload would otherwise not reach the diagnosis's minimum row c
 disaggregated prefill instance has prefill windows only, a decode instance decode windows only. A
 window closes every ``HS_TRACER_WINDOW_TOKENS`` rows.
 
-Requests SGLang already finished or retracted in a step are skipped exactly as its own
-``_resolve_spec_v2_tokens`` skips them (``req.is_retracted or req.finished()``), and that test must
-read request state as it is at this step, on the scheduler thread. It is run only where it can be
-true, so the step costs the same at any batch size:
-
-- Without the overlap scheduler nothing is ever skipped: SGLang filters finished requests out of the
-  running batch and retracts requests before it builds the next batch, and nothing changes a
-  request between building a batch and resolving its result (SGLang's own decode loop checks
-  ``finished() or is_retracted`` only under overlap for that reason).
-- A request that is still in the *next* decode batch was neither finished nor retracted when this
-  step resolved (finishing is permanent; SGLang filters finished requests and removes retracted
-  ones whenever it builds a decode batch, and retracts nowhere else). Under overlap the next decode
-  batch is built and launched before this step's result is resolved, so when its launch was seen
-  first, only the requests that left between the two lists (the *departed*) can be skipped, and
-  only they are tested. The lists compare in C: unchanged (the running batch's list object, which
-  SGLang rebinds and never mutates), extended at the end, or shortened in order; a departed
-  request can never match a slot of the next list, so the walk always finds every one of them.
-- Otherwise (a prefill was launched in between, or SGLang processed this result before launching
-  the next batch) every request is tested, as SGLang does.
+**Which requests a step commits** is the engine's rule, the adapter's ``settled`` test (SGLang skips
+requests it already finished or retracted; vLLM and SGLang's V1 worker commit every request they
+verified: no test). It must read request state as it is at this step, on the scheduler thread, and
+runs only where it can be false, so the step costs the same at any batch size: with the overlap
+scheduler, when the next decode launch was seen first, only the requests that left between the two
+request lists (the *departed*: the lists compare in C, a block at a time) are tested; without overlap
+none; otherwise every request.
 
 **What the scheduler thread does per step, and nothing more**: the BEFORE hook launches the probe (a
 graph replay), stamps the step number and notes the batch's request list; the AFTER hook notes which
@@ -89,12 +77,6 @@ previous close. Closing one costs the scheduler thread a graph replay and an eve
 probe's snapshot: ~45-60 µs inside SGLang, where every call runs on cold caches), so fast large steps
 close one every 0.1 s, not every step; nothing is lost (rows go on adding up), and the export process
 diagnoses the windows of up to a second merged anyway."""
-
-
-def request_settled(req: Any) -> bool:
-    """Whether SGLang's ``_resolve_spec_v2_tokens`` commits this request's accept length this step
-    (``req.finished()`` is ``finished_reason is not None``; the step path reads the attribute)."""
-    return not (req.is_retracted or req.finished_reason is not None)
 
 
 BLOCK = 32
@@ -273,7 +255,7 @@ class StepPath:
 
     # ---- results (after _resolve_spec_v2_tokens) ---------------------------------------------------
     def record(self, result: Any, reqs: Sequence[Any], accept_lens: Any, num_draft_tokens: int,
-               max_accept_length: int | None, settled: Callable[[Any], bool] | None = request_settled,
+               max_accept_length: int | None, settled: Callable[[Any], bool] | None = None,
                processor: Any = None) -> bool:
         """Hand over the step ``result`` belongs to (scheduler thread). ``accept_lens``: SGLang's CPU
         tensor or a sequence, kept by reference. ``settled``: which requests SGLang committed:
@@ -286,7 +268,7 @@ class StepPath:
         if self.outbox:
             self._deliver_events()
         step = getattr(result, STEP_ATTR, None)
-        if settled is request_settled:
+        if settled is not None:
             if processor is not self._processor:
                 self._processor = processor
                 self._overlap = processor is None or bool(getattr(processor, "enable_overlap", True)
@@ -298,10 +280,10 @@ class StepPath:
                   and latest[1] is before[1]):
                 skip = []  # under overlap, mostly: the running batch's list, unchanged
             else:
-                skip = self._skipped(step, reqs, latest)
+                skip = self._skipped(step, reqs, latest, settled)
         else:
             reqs = tuple(reqs)  # a list other workers may reuse
-            skip = [] if settled is None else [i for i, r in enumerate(reqs) if not settled(r)]
+            skip = []
         if len(skip) == len(reqs):  # only requests finished or retracted before this step
             self._host_s += (time_ns() - started) * 1e-9
             return False
@@ -312,15 +294,16 @@ class StepPath:
                         host_s)
         return True
 
-    def _skipped(self, step: int | None, reqs: Sequence[Any], latest: tuple[int, Any] | None) -> list[int]:
-        """Indices of the requests SGLang skips in ``step`` under overlap (module docstring), unless the
-        next launch reused this step's request list (``record`` checks that first). ``latest``: the
+    def _skipped(self, step: int | None, reqs: Sequence[Any], latest: tuple[int, Any] | None,
+                 settled: Callable[[Any], bool]) -> list[int]:
+        """Indices of the requests the engine skips in ``step`` under overlap (module docstring), unless
+        the next launch reused this step's request list (``record`` checks that first). ``latest``: the
         latest decode launch."""
         if step is None or latest is None or latest[0] != step + 1:  # no later launch seen first
             candidates: Any = range(len(reqs))
         else:
             candidates = departed(reqs, latest[1])
-        return [i for i in candidates if reqs[i].is_retracted or reqs[i].finished_reason is not None]
+        return [i for i in candidates if not settled(reqs[i])]
 
     def _deliver_events(self) -> None:
         """Request-trace events prepared by the recorder, handed to SGLang's trace contexts here, on

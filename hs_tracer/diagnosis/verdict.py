@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer.diagnosis.acceptance import AcceptanceThresholds, acceptance_findings
 from hs_tracer.diagnosis.causes import CAPTURE_CHANNEL, CAPTURE_LOOP, CAPTURE_ORDER, ORDER_FIX, channel_fix
 from hs_tracer.diagnosis.report import Report
@@ -276,7 +277,7 @@ def live_report(
     thresholds: AcceptanceThresholds | None = None,
     engine_layers_checked: bool = False,
     measured: Sequence[MeasuredSlot] | None = None,
-    engine: str = "sglang",
+    engine: str = engines.DEFAULT,
     engine_version: str = "",
 ) -> Report:
     """The report of a running engine or a capture. ``judged``: the latest window's diagnosis (None

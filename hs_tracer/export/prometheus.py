@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hs_tracer import engines
 from hs_tracer.config import TracerConfig
 from hs_tracer.findings import Finding, SlotVerdict
 from hs_tracer.fingerprint.stats import StepDigest
@@ -91,9 +92,9 @@ DEFAULT_BASE_PORT = 9464
 """Base of hs_tracer's own metrics port (the OpenTelemetry Prometheus-exporter convention)."""
 
 BASE_LABELS = ("model", "engine", "tp_rank", "pp_rank", "dp_rank", "attn_dp_rank")
-"""Labels on every hs_tracer metric: the served model, the serving engine (``sglang`` or ``vllm``)
-and the scheduler's ranks (``dp_rank`` the data-parallel replica, ``attn_dp_rank`` the attention-DP
-rank inside it)."""
+"""Labels on every hs_tracer metric: the served model, the serving engine (its registry name,
+:mod:`hs_tracer.engines`) and the scheduler's ranks (``dp_rank`` the data-parallel replica,
+``attn_dp_rank`` the attention-DP rank inside it)."""
 
 ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 """Accept lengths are integers >= 1 (the bonus token included); ``le="1"`` counts full rejections."""
@@ -291,7 +292,7 @@ class PrometheusExporter:
 
     def __init__(self, model: str, ranks: Ranks, *, port: int | None = None,
                  addr: str = TracerConfig.metrics_addr, serve: bool = True,
-                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, engine: str = "sglang") -> None:
+                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, engine: str = engines.DEFAULT) -> None:
         from prometheus_client import CollectorRegistry
 
         self.model = model

@@ -18,12 +18,15 @@ from hs_tracer.preflight.config import (
     read_target_config,
 )
 from hs_tracer.preflight.format_checks import check_flags, check_format
+from hs_tracer.preflight.profile_sources import read_provenance
 from hs_tracer.preflight.spec_args import SpecResolution, resolve_spec_args, spec_findings
-from hs_tracer.preflight.vocab_map import check_vocab_mapping
+from hs_tracer.preflight.vocab_map import check_against_training_map, check_vocab_mapping
 from hs_tracer.preflight.weight_checks import check_weights
 from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
-from hs_tracer.profile.model import ProfileError
+from hs_tracer.profile.expectation import of_profile
+from hs_tracer.profile.model import OTHER_MODEL_FIX, ProfileError, other_model
 from hs_tracer.sglang_releases import NEWEST_RELEASE
+from hs_tracer.static_checks.norm_flags import check_norm_flags
 from hs_tracer.static_checks.wiring import Wiring, capture, check_wiring, ids_location
 
 
@@ -79,7 +82,7 @@ def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | No
         draft_num_aux_states=num_aux_states(draft),
         draft_input_hidden=fc_input_hidden(draft),
         graph_width=graph_width(draft, algorithm),
-        sglang_version=sglang_version,
+        engine_version=sglang_version,
     )
 
 
@@ -108,10 +111,6 @@ def _vocab_findings(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint, 
 def _against_profile(draft: DraftConfig, ckpt: Checkpoint, d2t_keys: list[str],
                      meta: dict[str, Any]) -> list[Finding]:
     """What the profile recorded about the draft as trained: its vocabulary map and norm flags."""
-    from hs_tracer.preflight.vocab_map import check_against_training_map
-    from hs_tracer.profile.expectation import of_profile
-    from hs_tracer.static_checks.norm_flags import check_norm_flags
-
     d2t = ckpt.load_small(d2t_keys[-1]) if d2t_keys else None
     findings = check_against_training_map(d2t, meta)
     expected = of_profile(meta)
@@ -144,9 +143,6 @@ def run_check(
     findings: list[Finding] = check_format(draft) + check_flags(draft)
     provenance = None
     if profile is not None:
-        from hs_tracer.preflight.profile_sources import read_provenance
-        from hs_tracer.profile.model import OTHER_MODEL_FIX, other_model
-
         provenance = read_provenance(profile)
         problem = other_model(provenance.meta, hidden_size=tgt.hidden_size, num_layers=tgt.num_hidden_layers,
                               draft_vocab=draft.draft_vocab_size or draft.vocab_size)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer import sources as src
 from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.records import WiringRecord
@@ -59,7 +60,13 @@ class Wiring:
     draft_input_hidden: int | None = None  # the draft's target_hidden_size (fc chunk width)
     graph_width: int | None = None  # get_draft_input_from_target_hidden_dim: static draft-extend buffer
     layers_to_capture: list[int] | None = None
-    sglang_version: str | None = None  # the release whose layer-id rules apply (None: the newest)
+    engine: str = engines.DEFAULT  # the checks below are SGLang's layer-id rules
+    engine_version: str | None = None  # the release whose layer-id rules apply (None: the newest)
+
+    @property
+    def sglang_version(self) -> str | None:
+        """Deprecated name of :attr:`engine_version`."""
+        return self.engine_version
 
     @property
     def family(self) -> src.Family:
@@ -73,7 +80,7 @@ class Wiring:
 
 def capture(w: Wiring) -> src.SGLangCapture:
     """What the target really feeds the draft, in slot order."""
-    release = w.sglang_version
+    release = w.engine_version
     if w.layers_to_capture is not None:
         return src.sglang_capture(w.layers_to_capture, w.num_layers, w.family, sglang_version=release)
     return src.sglang_sources(w.engine_layer_ids, w.family, w.num_layers, sglang_version=release)
@@ -103,7 +110,8 @@ def wiring_from_record(record: WiringRecord, *, eagle3_draft: bool = True) -> Wi
         draft_num_aux_states=record.draft_num_aux_states,
         graph_width=record.draft_graph_width,
         layers_to_capture=list(record.layers_to_capture) if record.layers_to_capture else None,
-        sglang_version=record.layer_id_rules or record.engine_version or None,
+        engine=record.engine,
+        engine_version=record.layer_id_rules or record.engine_version or None,
     )
 
 
@@ -164,7 +172,7 @@ def check_layer_id_location(w: Wiring, trained: Sequence[str] | None = None) -> 
     ``trained`` (the profile's sources, when known) says which ids a moved key must carry."""
     if not w.aux_enabled:
         return []
-    default = src.sglang_sources(None, w.family, w.num_layers, sglang_version=w.sglang_version).sources
+    default = src.sglang_sources(None, w.family, w.num_layers, sglang_version=w.engine_version).sources
     if w.ids_location is IdsLocation.TOP_LEVEL or (w.ids_location is IdsLocation.BOTH
                                                    and not w.eagle_config_is_dict):
         ids = w.top_level_layer_ids or []
@@ -223,7 +231,7 @@ def _move_fix(w: Wiring, ids: list[int], trained: Sequence[str] | None) -> str:
         return (f"{move}, as {want}: SGLang then feeds {_fmt(trained)}, the layers the draft was trained "
                 f"on ({ids} count layers another way)")
     try:
-        as_is = src.sglang_sources(ids, w.family, w.num_layers, sglang_version=w.sglang_version).sources
+        as_is = src.sglang_sources(ids, w.family, w.num_layers, sglang_version=w.engine_version).sources
     except ValueError:
         as_is = None
     meant = _sources_or_none(ids, src.Convention.SPECULATORS, w.num_layers)
@@ -240,7 +248,7 @@ def _defaults(w: Wiring) -> str:
     """What SGLang and the trainers use when a draft config names no ids, on this target, said out."""
     n = w.num_layers
     served = src.sglang_sources(None, w.family, n)
-    parts = [f"SGLang {w.sglang_version or NEWEST_RELEASE} captures layers_to_capture "
+    parts = [f"SGLang {w.engine_version or NEWEST_RELEASE} captures layers_to_capture "
              f"{served.layers_to_capture} (its [2, N//2, N-3]"
              f"{' + 1' if w.family is src.Family.PLUS_ONE_ALWAYS else ''}, N = {n}) = {_fmt(served.sources)}"]
     for name, conv in (("SpecForge", src.Convention.SPECFORGE), ("speculators", src.Convention.SPECULATORS)):
@@ -300,12 +308,12 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             "read as block outputs, or the reverse)",
             "check the convention of the ids against the training provenance (--profile)",
             slot=cap.sources.index(src.EMBEDDING), observed=src.EMBEDDING, details=details))
-    rules = layer_id_rules(w.sglang_version)
+    rules = layer_id_rules(w.engine_version)
     if w.family is src.Family.DEEPSEEK and rules.deepseek_first_id_rule and ids and ids[0] != 1:
         llama_rule = src.sglang_sources(ids, src.Family.LLAMA, w.num_layers).sources
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.WARNING,
-            f"on a DeepSeek-family target SGLang {rules_label(w.sglang_version)} adds 1 only when the "
+            f"on a DeepSeek-family target SGLang {rules_label(w.engine_version)} adds 1 only when the "
             f"first id is 1; {ids} "
             f"are taken as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, "
             f"+1 always) fed {_fmt(llama_rule)} for the same config (SGLang changed the rule in its pull "
@@ -318,11 +326,11 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
 def _layer_0_raises(w: Wiring, details: dict[str, Any]) -> Finding:
     """The DeepSeek loop of an older release adds the residual to a captured layer's input before the
     layer runs; before layer 0 there is none, so serving this config fails at the first request."""
-    fixed = layer_0_fixed_in(w.sglang_version)
+    fixed = layer_0_fixed_in(w.engine_version)
     upgrade = f", or serve on SGLang {fixed} or newer (it captures inside the layer)" if fixed else ""
     return Finding(
         Code.CAPTURE_RAISES, Severity.CRITICAL,
-        f"SGLang {w.sglang_version} will crash at the first forward: layers_to_capture "
+        f"SGLang {w.engine_version} will crash at the first forward: layers_to_capture "
         f"{details['layers_to_capture']} includes layer 0, and its DeepSeek-family model loop captures a "
         "layer's input as hidden_states + residual before the layer runs, while before layer 0 the "
         "residual is still None (TypeError; the server starts, its first request kills it)",
@@ -392,7 +400,7 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
         return None
     for candidate in ([v - 1 for v in c_in], c_in):
         try:
-            fed = src.sglang_sources(candidate, w.family, w.num_layers, sglang_version=w.sglang_version)
+            fed = src.sglang_sources(candidate, w.family, w.num_layers, sglang_version=w.engine_version)
             if fed.sources == list(trained) and not fed.raises_at_layer_0:
                 return candidate
         except ValueError:
@@ -402,12 +410,12 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
 
 def _ids_fix(w: Wiring, trained: Sequence[str]) -> str:
     ids = ids_for_sources(w, trained)
-    fixed = layer_0_fixed_in(w.sglang_version)
+    fixed = layer_0_fixed_in(w.engine_version)
     if ids is None and src.EMBEDDING in trained and fixed and w.family is src.Family.DEEPSEEK:
-        return (f"SGLang {w.sglang_version} cannot feed the embedding on a DeepSeek-family target (a "
+        return (f"SGLang {w.engine_version} cannot feed the embedding on a DeepSeek-family target (a "
                 f"captured layer 0 crashes at the first forward): serve on SGLang {fixed} or newer")
     if ids is None:
-        return (f"SGLang {w.sglang_version or NEWEST_RELEASE} cannot capture {_fmt(trained)} on a "
+        return (f"SGLang {w.engine_version or NEWEST_RELEASE} cannot capture {_fmt(trained)} on a "
                 f"{w.family.value}-family target (the "
                 "output of the last block is never captured); retrain the draft on capturable layers")
     return f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids}"

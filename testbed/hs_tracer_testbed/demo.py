@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hs_tracer.errors import InputError
 from hs_tracer.profile_builder import BuildRequest, build_profile_file
 from hs_tracer_testbed.build import _locked
+from hs_tracer_testbed.miswire import DEFAULT_SCENARIOS
 from hs_tracer_testbed.realtext import question_of
 
 if TYPE_CHECKING:
@@ -302,3 +304,30 @@ def exit_code(runs: list[Run], expect_miswired: bool) -> int:
         ok = ok and all(r["status"] in ("miswired", "drift") for r in rest)
     return 0 if ok else 1
 
+
+# ``hs-tracer demo --engine NAME`` runs the harness named here ("module:function", given the parsed
+# arguments after the command checked them).
+HARNESSES = {"sglang": "hs_tracer_testbed.demo:cli", "vllm": "hs_tracer_testbed.vllm_demo:cli"}
+
+
+def cli(args: Any) -> int:
+    """``hs-tracer demo`` on SGLang: the configured draft and the miswired copies the scenarios make."""
+    if args.real and (args.target is not None or args.draft is not None):
+        raise InputError("--real picks its own target and draft; pass either --real or --target/--draft")
+    scenarios = args.scenarios if args.scenarios is not None else (
+        DEFAULT_SCENARIOS if args.target is None else [])
+    log = None
+    if not args.verbose:
+        fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+        # Said first: when an engine fails, SGLang may end this process before anything else prints.
+        print(f"SGLang's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
+    runs = run(args.target, args.draft, profile=args.profile, scenarios=scenarios,
+               num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log, real=args.real)
+    if args.json:
+        out = [r.to_json() for r in runs]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+    else:
+        print(human(runs, expect_miswired=bool(scenarios), verbose=args.verbose))
+    return exit_code(runs, expect_miswired=bool(scenarios))

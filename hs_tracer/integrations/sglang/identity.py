@@ -46,6 +46,8 @@ import torch
 
 from hs_tracer import sources
 from hs_tracer.core.identity import ROWS, LayerIdentity, installed, spread
+from hs_tracer.integrations.sglang import versions
+from hs_tracer.sglang_releases import FAMILIES
 
 logger = logging.getLogger("hs_tracer")
 
@@ -276,9 +278,6 @@ def _log_failure(exc: BaseException) -> None:
 def _body_hooked(body: Any) -> bool:
     """Whether the installed release's hook table has an after-hook on the body's ``forward`` (the
     hook that hands the sampler the final norm's and the slots' rows)."""
-    from hs_tracer.integrations.sglang import versions
-    from hs_tracer.sglang_releases import FAMILIES
-
     owner = next((c for c in type(body).__mro__ if "forward" in vars(c)), type(body))
     target = f"{owner.__module__}.{owner.__qualname__}.forward"
     family = versions.installed_family() or FAMILIES[0]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from hs_tracer import config, sglang_releases
 from hs_tracer.core.plugin import called_from, settings
 from hs_tracer.integrations.sglang import versions
+from hs_tracer.integrations.sglang.engine import ENGINE
 
 if TYPE_CHECKING:
     from hs_tracer.integrations.sglang.hooks import Wrap
@@ -84,14 +85,7 @@ def _register(wrap: Wrap | None = None) -> None:
         logger.warning("hs_tracer: tracing stays off for this SGLang: %s%s", "; ".join(found), status)
         return
 
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from hs_tracer.integrations.sglang import hooks
-
-    table = hooks.hook_table(family, wrap)
-    hooks.install_state(cfg)
-    for target, hook, hook_type in table:
-        HookRegistry.register(target, hook, hook_type)
+    n = ENGINE.install(cfg, wrap)
     # One line: the release, its support status and what was registered (an untested release says so).
     log = logger.warning if sglang_releases.is_untested(version) else logger.info
-    log("hs_tracer: %s; %d hooks registered", sglang_releases.support(version), len(table))
+    log("hs_tracer: %s; %d hooks registered", sglang_releases.support(version), n)

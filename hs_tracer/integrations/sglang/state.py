@@ -22,14 +22,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
+from hs_tracer import sources
 from hs_tracer.config import TracerConfig
 from hs_tracer.core import state as core
 from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
+from hs_tracer.export.capture import make_sink
+from hs_tracer.fingerprint.probe import FingerprintProbe
+from hs_tracer.integrations.sglang import NAME, versions
 from hs_tracer.records import Ranks, WiringRecord
+from hs_tracer.sglang_releases import FAMILIES, family_for, rules_release
+from hs_tracer.static_checks import wiring as static
 
 if TYPE_CHECKING:
-    from hs_tracer.fingerprint.probe import FingerprintProbe
     from hs_tracer.integrations.sglang.identity import IdentitySampler
 
 logger = logging.getLogger("hs_tracer")
@@ -88,8 +93,6 @@ class TracerState(core.TracerState):
     def finish_startup(self) -> None:
         """All startup hooks have run: build the wiring record, run the static checks, start
         the recorder."""
-        from hs_tracer.static_checks import wiring as static
-
         was_emitting = self._probes is not None and self.emitting
         self.ranks, self.emitting = _ranks()
         self.role = _role()
@@ -114,8 +117,6 @@ class TracerState(core.TracerState):
             self.steps = StepPath(decode, prefill, self.config.window_tokens, self.ranks,
                                   self.config.queue_size)
             if self.config.capture_dir is not None:
-                from hs_tracer.export.capture import make_sink
-
                 self.capture = make_sink(self.config.capture_dir, self.wiring, self.config.capture_rate,
                                          self.config.capture_max_bytes, self.ranks, t.get("model_path"))
             self.recorder = Recorder(self)
@@ -158,8 +159,6 @@ class TracerState(core.TracerState):
         warmed now (the Triton kernel compiled for the model's dtype, buffers allocated) so the
         first request compiles and synchronises nothing. Sized for the width the target hands
         over: K*H with aux states, else H."""
-        from hs_tracer.fingerprint.probe import FingerprintProbe
-
         wiring = self.wiring or wiring_record(self.target, self.aux, {}, {}, self.sglang_version)
         hidden = wiring.hidden_size
         slots = len(wiring.sources) if self.aux.get("use_aux_hidden_state", True) else 1
@@ -226,11 +225,7 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
     ``target`` from the target model runner, ``aux`` the resolved capture config, ``draft`` what
     the loaded draft expects, ``spec_args`` the speculative settings, ``sglang_version`` the
     installed release (recorded; the diagnosis applies its layer-id rules)."""
-    from hs_tracer import sources
-
     family = sources.family_of(target["architecture"])
-    from hs_tracer.sglang_releases import rules_release
-
     rules = rules_release(sglang_version or None)
     captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family,
                                       sglang_version=rules)
@@ -247,7 +242,7 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
         draft_graph_width=draft.get("graph_width"),
         use_aux_hidden_state=aux.get("use_aux_hidden_state"),
         spec_args=dict(spec_args),
-        engine="sglang",
+        engine=NAME,
         engine_version=sglang_version,
         layer_id_rules=rules if rules and rules != sglang_version else "",
     )
@@ -331,9 +326,6 @@ SLOT: core.Slot[TracerState] = core.Slot()
 def install(cfg: TracerConfig) -> TracerState:
     """The process's tracer state, with the installed SGLang's version and its family's hook
     targets read here, once (never on a periodic path: see :attr:`TracerState.own_targets`)."""
-    from hs_tracer.integrations.sglang import versions
-    from hs_tracer.sglang_releases import FAMILIES, family_for
-
     version = versions.installed_version()
     family = family_for(version) or FAMILIES[0]  # the newest family's without a supported release
     return SLOT.install(TracerState(cfg, sglang_version=version or "",

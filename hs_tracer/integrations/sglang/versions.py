@@ -19,6 +19,7 @@ import pkgutil
 import re
 import sys
 
+from hs_tracer import sources
 from hs_tracer.release_table import Hook, family_or_problem, handler_name, signature_problems
 from hs_tracer.sglang_releases import FAMILIES, family_for, is_untested, rules_release, supported_text
 from hs_tracer.sglang_releases.adapter import MetaCounters, SGLangFamily
@@ -178,8 +179,6 @@ def _changed_layer_id_rules() -> list[str]:
     """Run the installed release's own ``set_eagle3_layers_to_capture`` (on a stand-in ``self``; no
     weights) and compare with the rule hs_tracer applies to it (``sglang_releases.rules_release``)."""
     from types import SimpleNamespace
-
-    from hs_tracer import sources
 
     release = rules_release(installed_version())
     found = []

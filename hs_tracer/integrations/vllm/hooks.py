@@ -35,8 +35,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hs_tracer.integrations.vllm import layer_ids as vl
 from hs_tracer.integrations.vllm import state, versions
 from hs_tracer.integrations.vllm.state import RequestRef, TracerState
+from hs_tracer.integrations.vllm.wiring import check_vllm_wiring, wiring_record
 
 STEP_SEQ = "_hs_tracer_seq"  # the core's step number on a SchedulerOutput (multi-process executor)
 ACCOUNTED = "_hs_tracer_accounted"  # [(step number, [(request id, accept length)])] riding on it
@@ -54,9 +56,6 @@ def hook(fn: F) -> F:
 @hook
 def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     """The target, the layers vLLM set it to capture, the loaded draft: the wiring, then the step path."""
-    from hs_tracer import sources
-    from hs_tracer.static_checks.vllm_wiring import check_vllm_wiring, wiring_record
-
     spec = runner.speculative_config
     if spec is None or st.wiring is not None:
         return
@@ -67,13 +66,13 @@ def after_setup_aux_layers(st: TracerState, _result: Any, runner: Any) -> None:
     use_aux = bool(runner.use_aux_hidden_state_outputs)
     resolved = _resolved_layers(runner.model) if use_aux else None
     configured = runner._get_eagle3_aux_layers_from_config() if use_aux else None
-    ids, key = sources.vllm_configured_ids(st.draft_config)
+    ids, key = vl.vllm_configured_ids(st.draft_config)
     if configured is not None and list(configured) != ids:
         key = "unknown"  # vLLM found ids where this release's rules say it does not look
     elif configured is None:
-        key = sources.VLLM_DEFAULT
+        key = vl.VLLM_DEFAULT
     version = versions.installed_version() or ""
-    capture = sources.vllm_capture(resolved or [], num_layers, key, vllm_version=version) if use_aux else None
+    capture = vl.vllm_capture(resolved or [], num_layers, key, vllm_version=version) if use_aux else None
     st.aux = {"use_aux_hidden_state": use_aux, "layer_ids": list(resolved) if resolved is not None else None,
               "configured_layer_ids": list(configured) if configured else None, "key": key}
     st.target = {"architecture": str((mc.architectures or [type(runner.model).__name__])[0]),

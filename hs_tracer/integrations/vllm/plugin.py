@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-import pkgutil
 
 from hs_tracer import config
 from hs_tracer.core.plugin import called_from, settings
 from hs_tracer.integrations.vllm import versions
+from hs_tracer.integrations.vllm.engine import ENGINE
 
 logger = logging.getLogger("hs_tracer")
 
@@ -50,11 +50,6 @@ def _register() -> None:
     if found or family is None:
         logger.warning("hs_tracer: tracing stays off for this vLLM: %s", "; ".join(found))
         return
-    from hs_tracer.integrations.vllm import patching, state
-
-    if patching.applied():
-        return  # vLLM loads plugins once per process; a second call changes nothing
-    state.install(cfg)
-    for h in family.hooks:
-        patching.wrap(h.target, h.type, pkgutil.resolve_name(h.handler))
-    logger.info("hs_tracer: %d hooks applied for vllm %s", len(family.hooks), family.name)
+    n = ENGINE.install(cfg)
+    if n:
+        logger.info("hs_tracer: %d hooks applied for vllm %s", n, family.name)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hs_tracer.config import TracerConfig
+from hs_tracer.core import patching
 from hs_tracer.core import state as core
 from hs_tracer.core.recorder import Recorder
 from hs_tracer.core.steps import StepPath
 from hs_tracer.findings import Finding
 from hs_tracer.fingerprint.probe import FingerprintProbe
-from hs_tracer.integrations.vllm import patching
 from hs_tracer.records import Ranks, WiringRecord
 
 if TYPE_CHECKING:

@@ -1,8 +1,8 @@
 """``hs-tracer check --engine vllm``: what vLLM will feed a draft, predicted from the files.
 
 vLLM's rules (which keys it reads the draft's layer ids from, its default, what each id means, how
-many states the draft's fc is built for) live in :mod:`hs_tracer.sources`; the findings in
-:mod:`hs_tracer.static_checks.vllm_wiring`, shared with the live plugin. A wiring vLLM would crash on
+many states the draft's fc is built for) live in :mod:`.layer_ids`; the findings in :mod:`.wiring`,
+shared with the live plugin. A wiring vLLM would crash on
 (the draft's fc takes another number of states than vLLM captures) is refused as critical, with the
 ids to write.
 """
@@ -13,13 +13,41 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hs_tracer import sources as src
 from hs_tracer.diagnosis.report import Report
+from hs_tracer.errors import InputError
 from hs_tracer.findings import Finding, Severity, SlotVerdict
+from hs_tracer.inputs.model_config import check_draft, check_target
+from hs_tracer.inputs.profile import load_profile
+from hs_tracer.integrations.vllm import NAME as ENGINE_NAME
+from hs_tracer.integrations.vllm import layer_ids as vl
+from hs_tracer.integrations.vllm.versions import installed_version, release_of
+from hs_tracer.integrations.vllm.wiring import check_vllm_wiring, wiring_record
 from hs_tracer.preflight.checkpoint import read_checkpoint
 from hs_tracer.preflight.config import read_draft_config, read_target_config
+from hs_tracer.preflight.profile_sources import read_provenance
 from hs_tracer.preflight.runner import CheckResult
-from hs_tracer.static_checks.vllm_wiring import check_vllm_wiring, wiring_record
+from hs_tracer.profile.expectation import of_profile
+from hs_tracer.profile.model import OTHER_MODEL_FIX, ProfileError, other_model
+from hs_tracer.static_checks.norm_flags import check_norm_flags
+
+
+def check(args: Any, pinned: str) -> CheckResult:
+    """``hs-tracer check --engine vllm[==V]``: release ``V``, else the installed vLLM's, else the newest
+    whose rules hs_tracer knows."""
+    if args.sglang_version or args.server_args is not None or args.sglang_resolve:
+        raise InputError("--sglang-version, --server-args and --sglang-resolve are SGLang's; drop them "
+                         "with --engine vllm")
+    installed = installed_version()
+    version = pinned or (release_of(installed) if installed else None) or vl.NEWEST_VLLM
+    try:
+        vl.vllm_layer_id_rules(version)
+    except InputError as exc:
+        raise InputError(f"--engine {args.engine}", str(exc)) from exc
+    check_draft(args.draft)
+    check_target(args.target)
+    if args.profile is not None:
+        load_profile(args.profile)
+    return run_vllm_check(args.draft, args.target, profile=args.profile, vllm_version=version)
 
 
 def _fc_in(draft_dir: Path) -> int | None:
@@ -41,9 +69,6 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
     tgt = read_target_config(target)
     findings: list[Finding] = []
     if profile is not None:
-        from hs_tracer.preflight.profile_sources import read_provenance
-        from hs_tracer.profile.model import OTHER_MODEL_FIX, ProfileError, other_model
-
         provenance = read_provenance(profile)
         problem = other_model(provenance.meta, hidden_size=tgt.hidden_size, num_layers=tgt.num_hidden_layers,
                               draft_vocab=draft.draft_vocab_size or draft.vocab_size)
@@ -51,16 +76,13 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
             raise ProfileError(f"--profile {profile}: {problem}; {OTHER_MODEL_FIX}")
         trained_sources = provenance.sources
     n, h = tgt.num_hidden_layers, tgt.hidden_size
-    version = vllm_version or src.NEWEST_VLLM
+    version = vllm_version or vl.NEWEST_VLLM
     if profile is not None:  # the norm flags the draft's expected acceptance was measured with
-        from hs_tracer.profile.expectation import of_profile
-        from hs_tracer.static_checks.norm_flags import check_norm_flags
-
         expected = of_profile(provenance.meta)
         if expected is not None:
-            findings += check_norm_flags(draft.raw, expected.draft_flags, "vllm", version)
-    k = src.vllm_draft_aux_states(draft.raw)
-    capture = src.vllm_sources(draft.raw, n, vllm_version=version) if k is not None else None
+            findings += check_norm_flags(draft.raw, expected.draft_flags, ENGINE_NAME, version)
+    k = vl.vllm_draft_aux_states(draft.raw)
+    capture = vl.vllm_sources(draft.raw, n, vllm_version=version) if k is not None else None
     fc_in = _fc_in(Path(draft_dir)) if Path(draft_dir).is_dir() else None
     if fc_in is None and k is not None:
         fc_in = k * int(draft.raw.get("target_hidden_size") or draft.hidden_size)
@@ -76,7 +98,7 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
                         for i, (want, got) in enumerate(zip(trained_sources, fed, strict=False))]
     summary: dict[str, Any] = {
         "draft": {"path": str(draft.path.parent), "architecture": draft.arch,
-                  "served_as": src.vllm_draft_architecture(draft.raw), "fc_in_features": fc_in,
+                  "served_as": vl.vllm_draft_architecture(draft.raw), "fc_in_features": fc_in,
                   "num_aux_states": k},
         "target": {"path": str(tgt.path), "architecture": tgt.arch, "num_layers": n, "hidden_size": h},
         "engine": {"name": f"vllm=={version}", "layer_ids": capture.layer_ids if capture else None,
@@ -87,7 +109,7 @@ def run_vllm_check(draft_dir: str | Path, target: str | Path, *, profile: str | 
     return CheckResult(report=report, summary=summary)
 
 
-def human(result: CheckResult) -> str:
+def human(result: CheckResult, verbose: bool = False) -> str:
     s = result.summary
     d, t, e = s["draft"], s["target"], s["engine"]
     lines = [

@@ -3,10 +3,10 @@ draft can take it.
 
 The same functions serve the preflight (``hs-tracer check --engine vllm``, wiring predicted from the
 files) and the vLLM plugin at engine startup (wiring read from the live engine). What vLLM reads and
-captures comes from :mod:`hs_tracer.sources` (its vLLM rules, per release): it takes the draft's ids
+captures comes from :mod:`.layer_ids` (its rules, per release): it takes the draft's ids
 from the top-level key, else DFlash's ``target_layer_ids`` plus one, else the nested ``eagle_config``;
 without any it falls back to ``(2, N//2, N-3)``. It captures each id once in layer order, and the
-draft's ``fc`` expects its own count of states (:func:`hs_tracer.sources.vllm_draft_aux_states`,
+draft's ``fc`` expects its own count of states (:func:`.layer_ids.vllm_draft_aux_states`,
 which never looks at the top-level ids for most draft classes): when the two differ, vLLM fails at
 the first request with a shape error.
 """
@@ -19,10 +19,12 @@ from typing import Any
 
 from hs_tracer import sources as src
 from hs_tracer.findings import Code, Finding, Severity
+from hs_tracer.integrations.vllm import NAME
+from hs_tracer.integrations.vllm import layer_ids as vl
 from hs_tracer.records import WiringRecord
 
 
-def wiring_record(target: Mapping[str, Any], capture: src.VLLMCapture | None, draft: Mapping[str, Any],
+def wiring_record(target: Mapping[str, Any], capture: vl.VLLMCapture | None, draft: Mapping[str, Any],
                   spec_args: Mapping[str, Any], vllm_version: str) -> WiringRecord:
     """The wiring record of a vLLM engine (a pure function of what its startup hook read)."""
     return WiringRecord(
@@ -32,12 +34,12 @@ def wiring_record(target: Mapping[str, Any], capture: src.VLLMCapture | None, dr
         hidden_size=int(target["hidden_size"]),
         layers_to_capture=list(capture.captured) if capture else [],
         sources=list(capture.sources) if capture else [src.FINAL_NORM],
-        configured_layer_ids=list(capture.layer_ids) if capture and capture.key != src.VLLM_DEFAULT else None,
+        configured_layer_ids=list(capture.layer_ids) if capture and capture.key != vl.VLLM_DEFAULT else None,
         draft_fc_in_features=draft.get("fc_in_features"),
         draft_num_aux_states=draft.get("num_aux_hidden_states"),
         use_aux_hidden_state=capture is not None,
         spec_args=dict(spec_args),
-        engine="vllm",
+        engine=NAME,
         engine_version=vllm_version,
         layer_id_source=capture.key if capture else "",
     )
@@ -49,7 +51,7 @@ def _fmt(sources: Sequence[str]) -> str:
 
 def _ids_fix(trained_ids: Sequence[int] | None) -> str:
     ids = f"[{', '.join(str(i) for i in trained_ids)}]" if trained_ids else "the ids the draft was trained on"
-    return (f"set \"{src.VLLM_TOP_LEVEL}\": {ids} at the top level of the draft's config.json (vLLM's "
+    return (f"set \"{vl.VLLM_TOP_LEVEL}\": {ids} at the top level of the draft's config.json (vLLM's "
             "convention: id k = input of layer k, 0 = embedding, N = last layer's output before the "
             "final norm)")
 
@@ -57,9 +59,9 @@ def _ids_fix(trained_ids: Sequence[int] | None) -> str:
 def _stray_ids(draft_config: Mapping[str, Any], used_key: str) -> list[tuple[str, Any]]:
     """Layer-id lists the draft config carries where vLLM did not take them from."""
     out = []
-    for key, path in ((src.VLLM_TOP_LEVEL, (src.VLLM_TOP_LEVEL,)),
-                      (src.VLLM_NESTED, ("eagle_config", "eagle_aux_hidden_state_layer_ids")),
-                      (src.VLLM_DFLASH, ("dflash_config", "target_layer_ids"))):
+    for key, path in ((vl.VLLM_TOP_LEVEL, (vl.VLLM_TOP_LEVEL,)),
+                      (vl.VLLM_NESTED, ("eagle_config", "eagle_aux_hidden_state_layer_ids")),
+                      (vl.VLLM_DFLASH, ("dflash_config", "target_layer_ids"))):
         value: Any = draft_config
         for part in path:
             value = value.get(part) if isinstance(value, Mapping) else None
@@ -68,7 +70,7 @@ def _stray_ids(draft_config: Mapping[str, Any], used_key: str) -> list[tuple[str
     return out
 
 
-def check_vllm_wiring(w: WiringRecord, capture: src.VLLMCapture | None, draft_config: Mapping[str, Any],
+def check_vllm_wiring(w: WiringRecord, capture: vl.VLLMCapture | None, draft_config: Mapping[str, Any],
                       trained_sources: Sequence[str] | None = None) -> list[Finding]:
     """Findings for one vLLM wiring: the width the draft's fc takes vs what vLLM feeds, ids vLLM
     skipped or fell back on, and (with the draft's training sources) every slot that differs."""
@@ -97,26 +99,26 @@ def check_vllm_wiring(w: WiringRecord, capture: src.VLLMCapture | None, draft_co
     stray = _stray_ids(draft_config, capture.key)
     if stray:
         where = "; ".join(f"{k} = {v}" for k, v in stray)
-        taken = "its default (2, N//2, N-3)" if capture.key == src.VLLM_DEFAULT else capture.key
+        taken = "its default (2, N//2, N-3)" if capture.key == vl.VLLM_DEFAULT else capture.key
         findings.append(Finding(
             Code.LAYER_IDS_IGNORED, Severity.WARNING if not trained_sources else Severity.CRITICAL
             if list(capture.sources) != list(trained_sources) else Severity.WARNING,
             f"the draft config names layer ids vLLM does not use ({where}); vLLM took {taken}: "
             f"ids {capture.layer_ids}, {_fmt(capture.sources)}",
-            fix=_ids_fix(trained_ids or (list(stray[0][1]) if capture.key == src.VLLM_DEFAULT else None)),
+            fix=_ids_fix(trained_ids or (list(stray[0][1]) if capture.key == vl.VLLM_DEFAULT else None)),
             details={"used": capture.key, "ignored": dict(stray)}))
-    elif capture.key == src.VLLM_DEFAULT:
+    elif capture.key == vl.VLLM_DEFAULT:
         findings.append(Finding(
             Code.LAYER_IDS_IGNORED, Severity.INFO,
             f"the draft config names no layer ids: vLLM feeds its default {capture.layer_ids} "
             f"({_fmt(capture.sources)}); right only if the draft was trained on these",
             fix=_ids_fix(trained_ids), details={"used": capture.key}))
-    if capture.key == src.VLLM_DFLASH:
+    if capture.key == vl.VLLM_DFLASH:
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.INFO,
             f"vLLM read dflash_config.target_layer_ids and added one to each: ids {capture.layer_ids} = "
             f"{_fmt(capture.sources)}", details={"used": capture.key}))
-    if capture.key == src.VLLM_NESTED and not trained_sources:
+    if capture.key == vl.VLLM_NESTED and not trained_sources:
         sglang = src.sglang_sources(capture.layer_ids, src.family_of(w.target_arch), n).sources
         if sglang != list(capture.sources):
             findings.append(Finding(

@@ -17,7 +17,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from hs_tracer import config
 from hs_tracer.fingerprint.probe import kernel_rows
 from hs_tracer.fingerprint.reference import fingerprint_host
-from hs_tracer.fingerprint.ring import DigestRing
+from hs_tracer.fingerprint.ring import DigestRing, reduce_rows
 from hs_tracer.integrations.sglang.state import TracerState
 from tests.ring_rows import land as _land
 
@@ -117,3 +117,20 @@ def test_probes_are_built_before_the_targets_graphs_only_for_eagle3(use_aux: boo
         return
     decode, prefill = st._probes
     assert decode is prefill and (decode.num_slots, decode.hidden) == (3, 16)
+
+
+def test_ring_rows_by_their_tags() -> None:
+    """A row is complete only when every word it expects carries its launch's tag: a word from an
+    older launch means still being written, one from a newer launch means overwritten; tags compare
+    modulo 2**32, so the ring keeps working after four billion launches; partials add up per slot."""
+    ring = DigestRing(2, 8, 4, torch.device("cpu"), pinned=False, programs=2)
+    wrap = 2**32 + 1  # the device's 32-bit tag of this launch is 1
+    for launch in (wrap, wrap + 1, wrap + 2):
+        _land(ring, launch, float(launch % 7), rows=3)
+    words = ring.records.numpy()
+    words[(wrap + 1) % 4, 3] = int(words[(wrap + 1) % 4, 3]) - (1 << 32)  # a word still older
+    words[(wrap + 2) % 4, 2] = int(words[(wrap + 2) % 4, 2]) + (4 << 32)  # a word of a later launch
+    launches = np.array([wrap, wrap + 1, wrap + 2], dtype=np.int64)
+    age, rows, raw = reduce_rows(words[launches % 4], launches, 2, 8)
+    assert age.tolist() == [0, -1, 1] and rows.tolist() == [3, 3, 3]
+    assert raw[0, :, 1].tolist() == [wrap % 7] * 2 and raw[0, :, 0].tolist() == [24.0, 24.0]

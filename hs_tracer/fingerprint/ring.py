@@ -44,9 +44,11 @@ def row_words(programs: int) -> int:
     return words + words % 2
 
 
-def _age(tags: np.ndarray, launches: np.ndarray) -> np.ndarray:
-    """Launch tags against the launches expected, modulo 2**32: 0 the same, < 0 older, > 0 newer."""
-    return (tags - (launches % _TAG) + _TAG // 2) % _TAG - _TAG // 2
+def _age(tags: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Per row: 0 if every tag is the launch expected, 1 if any is newer, -1 if any is older
+    (32-bit tags compared modulo 2**32)."""
+    diff = (tags.astype(np.int64) - expected.astype(np.int64) + _TAG // 2) % _TAG - _TAG // 2
+    return np.where((diff > 0).any(axis=1), 1, np.where((diff < 0).any(axis=1), -1, 0))
 
 
 def reduce_rows(words: np.ndarray, launches: np.ndarray, num_slots: int,
@@ -54,28 +56,34 @@ def reduce_rows(words: np.ndarray, launches: np.ndarray, num_slots: int,
     """Rows ``words [n, W]`` (int64, as the kernel wrote them) read for ``launches [n]``: their age
     (0: complete; < 0: some word still from an older launch; > 0: some word from a newer one), the
     rows each read, and the raw digests ``[n, K, 5]`` float32 (count, sum, sumsq, absmax,
-    non-finite; valid where the age is 0). Partials are added in float64, in program order."""
+    non-finite; valid where the age is 0). Partials are added in float64, in program order. The
+    recorder calls this for every batch of steps: a few array operations per distinct program count
+    (one while the batch size stays in one tier), whatever the number of rows."""
     n = words.shape[0]
-    tags = (words.view(np.uint64) >> np.uint64(32)).astype(np.int64)
-    low = words.view(np.uint32)[:, 0::2]  # little-endian: the value is the lower half
-    head_age = _age(tags[:, :HEADER_WORDS], launches[:, None])
-    age = np.where((head_age > 0).any(axis=1), 1, np.where((head_age < 0).any(axis=1), -1, 0))
-    rows = low[:, 0].view(np.int32).astype(np.int64)
-    programs = np.where(age == 0, low[:, 1].view(np.int32), 0)
+    halves = words.view(np.uint32).reshape(n, -1, 2)  # little-endian: [..., 0] value, [..., 1] tag
+    values, tags = halves[:, :, 0], halves[:, :, 1]
+    expected = (launches % _TAG).astype(np.uint32)[:, None]
+    rows = values[:, 0].view(np.int32).astype(np.int64)
+    programs = np.where((tags[:, :HEADER_WORDS] == expected).all(axis=1), values[:, 1].view(np.int32), 0)
+    age = np.zeros(n, dtype=np.int64)
     raw = np.zeros((n, num_slots, DIGEST_WIDTH), dtype=np.float32)
-    for p in np.unique(programs[programs > 0]).tolist():
+    for p in set(programs.tolist()) - {0}:
         sel = np.flatnonzero(programs == p)
         end = HEADER_WORDS + PROGRAM_WORDS * p
-        body = _age(tags[sel, HEADER_WORDS:end], launches[sel, None])
-        age[sel] = np.where((body > 0).any(axis=1), 1, np.where((body < 0).any(axis=1), -1, 0))
-        parts = low[sel, HEADER_WORDS:end].view(np.float32).astype(np.float64)
-        parts = parts.reshape(sel.size, num_slots, p // num_slots, PROGRAM_WORDS)
-        bad = parts[..., 3].sum(axis=2)
+        done = (tags[sel, :end] == expected[sel]).all(axis=1)
+        if not done.all():
+            late = sel[~done]
+            age[late] = _age(tags[late, :end], expected[late])
+        parts = values[sel, HEADER_WORDS:end].view(np.float32).reshape(sel.size, num_slots, -1, PROGRAM_WORDS)
+        bad = parts[..., 3].sum(axis=2, dtype=np.float64)
         raw[sel, :, 0] = rows[sel, None] * hidden - bad
-        raw[sel, :, 1] = parts[..., 0].sum(axis=2)
-        raw[sel, :, 2] = parts[..., 1].sum(axis=2)
+        raw[sel, :, 1] = parts[..., 0].sum(axis=2, dtype=np.float64)
+        raw[sel, :, 2] = parts[..., 1].sum(axis=2, dtype=np.float64)
         raw[sel, :, 3] = parts[..., 2].max(axis=2)
         raw[sel, :, 4] = bad
+    head = np.flatnonzero(programs == 0)
+    if head.size:
+        age[head] = _age(tags[head, :HEADER_WORDS], expected[head])
     return age, rows, raw
 
 
@@ -171,8 +179,8 @@ class DigestRing:
     def device_ahead(self) -> int:
         """How many launches the device has written past the last note (the newest row's launch
         minus the last launch number noted; negative while noted launches are still to run)."""
-        tags = (self._words[:, 0].view(np.uint64) >> np.uint64(32)).astype(np.int64)
-        return int(_age(tags, np.int64(self.launched)).max())
+        tags = (self._words[:, 0].view(np.uint64) >> np.uint64(32)).astype(np.int64)  # each row's first tag
+        return int(((tags - self.launched + _TAG // 2) % _TAG - _TAG // 2).max())
 
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)

@@ -9,7 +9,7 @@
 
 PYTHON ?= python3
 NEWEST_SGLANG := 0.5.23
-# Every other release of the release adapters (hs_tracer/sglang_releases/), oldest first
+# Every other release of the release adapters (hs_tracer/integrations/sglang/releases/), oldest first
 # (tests/test_sglang_releases.py ties both lists to them).
 OLD_SGLANG := 0.5.11 0.5.12 0.5.13 0.5.13.post1 0.5.14 0.5.15 0.5.15.post1 0.5.16 0.5.17 0.5.18 \
 	0.5.19 0.5.20 0.5.21 0.5.22

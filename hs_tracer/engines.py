@@ -51,6 +51,18 @@ class Engine(Protocol):
     def flags_release(self, engine_version: str) -> str:
         """The release whose norm-flag reading :meth:`served_flags` describes, for a message."""
 
+    def layer_id_rules(self, engine_version: str | None) -> Any:
+        """The release's rules for a draft config's layer ids (None: the newest release), the object
+        :mod:`hs_tracer.sources` and the static checks read; None where no rule depends on the
+        release. A release whose rules hs_tracer has not read is an input error."""
+
+    def rules_label(self, engine_version: str | None) -> str:
+        """The releases sharing ``engine_version``'s layer-id rules, as messages name them."""
+
+    def layer_0_fixed_in(self, engine_version: str | None) -> str | None:
+        """The oldest newer release that feeds a captured embedding where ``engine_version`` crashes
+        on it (None: none does, or it does not crash)."""
+
     def preflight(self, args: Any, pinned: str) -> Any:
         """``hs-tracer check``: the engine's static checks on the parsed arguments, at release
         ``pinned`` (empty: the installed one, else the newest known); a ``CheckResult``."""
@@ -95,6 +107,12 @@ def get(name: str) -> Engine:
     module, _, attr = path.partition(":")
     engine: Engine = getattr(importlib.import_module(module), attr)
     return engine
+
+
+def newest_release(name: str = DEFAULT) -> str:
+    """The newest release of engine ``name`` whose rules hs_tracer knows: the release a message names
+    for rules read from that engine's newest source."""
+    return get(name).newest_release()
 
 
 def parse(spec: str) -> tuple[Engine, str]:

@@ -1,11 +1,11 @@
 """What every engine's release table declares: its hooks and its release families. Data only, no
 engine import.
 
-An engine's release table (``sglang_releases/`` for SGLang, ``integrations/vllm/versions.py`` for
-vLLM) lists one :class:`ReleaseFamily` per group of releases whose internals agree, each with the
-:class:`Hook` s its adapter wraps. The plugin's version guard, the hook names (guard labels and
-``HS_TRACER_FAULT_INJECT`` values), the tests and the support matrix in docs/versions.md come from
-these tables.
+An engine's release table (``integrations/sglang/releases/`` for SGLang,
+``integrations/vllm/versions.py`` for vLLM) lists one :class:`ReleaseFamily` per group of releases
+whose internals agree, each with the :class:`Hook` s its adapter wraps. The plugin's version guard,
+the hook names (guard labels and ``HS_TRACER_FAULT_INJECT`` values), the tests and the support
+matrix in docs/versions.md come from these tables.
 """
 
 from __future__ import annotations

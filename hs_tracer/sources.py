@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from functools import total_ordering
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer.errors import InputError
-from hs_tracer.sglang_releases import layer_id_rules
 
 EMBEDDING = "embedding"
 FINAL_NORM = "final_norm"
@@ -151,8 +151,8 @@ C_IN_CONVENTIONS = frozenset(
 
 class Family(str, enum.Enum):
     """SGLang ``set_eagle3_layers_to_capture`` rules (draft-config ids -> ``layers_to_capture``); the
-    DeepSeek and gpt-oss rules depend on the release (its family's ``layer_id_rules`` in
-    :mod:`hs_tracer.sglang_releases`), the others do not."""
+    DeepSeek and gpt-oss rules depend on the release (the engine's ``layer_id_rules``, read from its
+    adapter through :mod:`hs_tracer.engines`), the others do not."""
 
     LLAMA = "llama"  # Llama, Qwen2/3(-MoE/-Next/-VL), GLM4-MoE, Gemma, MiniMax-M2/M3, ...: always +1
     DEEPSEEK = "deepseek"  # DeepSeek-V2/V3/V3.2, Kimi-K2/K2.5, GLM-MoE-DSA, GLM4-MoE-Lite: +1 iff ids[0]==1
@@ -226,18 +226,23 @@ def default_ids(convention: Convention | str, num_layers: int) -> list[int]:
     return [2, n // 2, n - 3]
 
 
+def _layer_id_rules(engine: str, engine_version: str | None) -> Any:
+    """The release-dependent layer-id rules of ``engine`` at ``engine_version``, from its adapter."""
+    return engines.get(engine).layer_id_rules(engine_version)
+
+
 def sglang_layers_to_capture(
     draft_ids: Sequence[int] | None, family: Family | str, num_layers: int, *,
-    sglang_version: str | None = None,
+    engine: str = engines.DEFAULT, engine_version: str | None = None,
 ) -> list[int]:
     """What SGLang's ``set_eagle3_layers_to_capture(draft_ids)`` stores as ``layers_to_capture`` on
-    ``sglang_version`` (None: the newest release hs_tracer knows).
+    release ``engine_version`` (None: the newest release hs_tracer knows).
 
     ``draft_ids`` is the draft config's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (None when
     absent or unreadable: SGLang then uses its default).
     """
     family = Family.parse(family)
-    rules = layer_id_rules(sglang_version)
+    rules = _layer_id_rules(engine, engine_version)
     check_num_layers(num_layers)
     n = num_layers
     if draft_ids is None:
@@ -273,10 +278,10 @@ class SGLangCapture:
 
 
 def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Family | str, *,
-                   sglang_version: str | None = None) -> SGLangCapture:
+                   engine: str = engines.DEFAULT, engine_version: str | None = None) -> SGLangCapture:
     """Resolve SGLang's internal ``layers_to_capture`` to the sources the draft is fed, in slot order."""
     family = Family.parse(family)
-    rules = layer_id_rules(sglang_version)
+    rules = _layer_id_rules(engine, engine_version)
     check_num_layers(num_layers)
     ltc = [int(v) for v in layers_to_capture]
     # the model loop visits 0..N-1; gpt-oss also captures id N at its final norm (pre-norm residual)
@@ -297,11 +302,12 @@ def sglang_capture(layers_to_capture: Sequence[int], num_layers: int, family: Fa
 
 
 def sglang_sources(draft_ids: Sequence[int] | None, family: Family | str, num_layers: int, *,
-                   sglang_version: str | None = None) -> SGLangCapture:
-    """Draft-config ids -> what SGLang ``sglang_version`` feeds the draft (family rule, then the
-    capture loop; None: the newest release hs_tracer knows)."""
-    ltc = sglang_layers_to_capture(draft_ids, family, num_layers, sglang_version=sglang_version)
-    return sglang_capture(ltc, num_layers, family, sglang_version=sglang_version)
+                   engine: str = engines.DEFAULT, engine_version: str | None = None) -> SGLangCapture:
+    """Draft-config ids -> what SGLang release ``engine_version`` feeds the draft (family rule, then
+    the capture loop; None: the newest release hs_tracer knows)."""
+    pin = {"engine": engine, "engine_version": engine_version}
+    ltc = sglang_layers_to_capture(draft_ids, family, num_layers, **pin)
+    return sglang_capture(ltc, num_layers, family, **pin)
 
 
 def c_in_source(k: int, num_layers: int) -> Source:
@@ -345,12 +351,13 @@ def to_sources(
     num_layers: int,
     *,
     family: Family | str | None = None,
-    sglang_version: str | None = None,
+    engine: str = engines.DEFAULT,
+    engine_version: str | None = None,
 ) -> list[str]:
     """Layer ids written in ``convention`` -> canonical sources, one per slot.
 
-    For ``sglang_draft_config`` and ``sglang_capture`` the result is what SGLang ``sglang_version``
-    (None: the newest release hs_tracer knows) feeds (ascending,
+    For ``sglang_draft_config`` and ``sglang_capture`` the result is what SGLang release
+    ``engine_version`` (None: the newest release hs_tracer knows) feeds (ascending,
     each layer once, unreachable ids dropped); ``family`` is required for ``sglang_draft_config``
     and defaults to the Llama rule for ``sglang_capture``. For the others, one source per id in list
     order. ``ids=None`` means the tool's default (:func:`default_ids`).
@@ -361,11 +368,12 @@ def to_sources(
             raise InputError(
                 "sglang_draft_config ids depend on the target family: pass family= (see family_of)"
             )
-        return sglang_sources(ids, family, num_layers, sglang_version=sglang_version).sources
+        return sglang_sources(ids, family, num_layers, engine=engine, engine_version=engine_version).sources
     if ids is None:
         ids = default_ids(convention, num_layers)
     if convention is Convention.SGLANG_CAPTURE:
-        return sglang_capture(ids, num_layers, family or Family.LLAMA, sglang_version=sglang_version).sources
+        return sglang_capture(ids, num_layers, family or Family.LLAMA, engine=engine,
+                              engine_version=engine_version).sources
     return [str(id_to_source(k, convention, num_layers)) for k in ids]
 
 

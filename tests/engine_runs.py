@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hs_tracer import sglang_releases
+from hs_tracer.integrations.sglang import releases as sglang_releases
 from hs_tracer.integrations.sglang import versions
 
 REPO = Path(__file__).resolve().parents[1]

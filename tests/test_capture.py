@@ -6,6 +6,7 @@ The end-to-end path (real engine, real hooks) is in tests/test_replay_engine.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import stat
 from pathlib import Path
@@ -198,3 +199,10 @@ def test_the_manifest_names_the_engine_that_served(tmp_path: Path) -> None:
     assert (m.engine, m.engine_version, m.sglang_version) == ("vllm", "0.11.0", "")
     assert m.producer.endswith(" / vllm 0.11.0") and "sglang" not in m.producer
     assert m.wiring is not None and WiringRecord.from_json(m.wiring) == vllm
+    written = json.loads((sink_path := tmp_path / "v" / "manifest.json").read_text())
+    assert (written["engine_version"], written["sglang_version"]) == ("0.11.0", "")
+    old = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    del old["engine"], old["engine_version"]  # a manifest written before the engine keys
+    sink_path.write_text(json.dumps(old))
+    assert (read_manifest(sink_path.parent).engine_version, read_manifest(sink_path.parent).engine) == \
+        ("0.5.23", None)

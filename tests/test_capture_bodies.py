@@ -38,7 +38,7 @@ def test_capture_metadata_hooks_cover_every_model_body_of_the_release() -> None:
     # that defines the forward (a hook on an inherited forward would wrap the base class's twice).
     import importlib.util
 
-    from hs_tracer import sglang_releases
+    from hs_tracer.integrations.sglang import releases as sglang_releases
     from hs_tracer.integrations.sglang import versions
 
     family = versions.installed_family()

@@ -447,8 +447,9 @@ def test_serving_flags_parse_with_the_installed_sglang(compose: dict[str, Any],
 def test_deploy_doc_for_an_existing_fleet() -> None:
     """docs/deploy.md's Part 0: every supported release in its matrix, every HS_TRACER_* variable, and
     the log lines it quotes are the ones the code writes."""
-    from hs_tracer import config, sglang_releases
+    from hs_tracer import config
     from hs_tracer.inputs import env
+    from hs_tracer.integrations.sglang import releases as sglang_releases
     from hs_tracer.integrations.sglang import versions
 
     doc = (ROOT / "docs/deploy.md").read_text()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hs_tracer.sglang_releases import FAMILIES
+from hs_tracer.integrations.sglang.releases import FAMILIES
 from hs_tracer_testbed import kimi
 from hs_tracer_testbed.build import ASSETS
 

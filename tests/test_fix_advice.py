@@ -84,14 +84,14 @@ def test_capture_raises_avoids_layer_0_or_upgrades(testbed, profile, tmp_path) -
     forward. Its cause leads; the fix keeps layer 0 out of the capture or names the release that
     captures it safely; the convention cause still gives ids that do not capture layer 0."""
     draft = _draft(testbed, tmp_path / "d", _ids([0, 2, 3]))
-    report = _check(draft, testbed.target, profile, sglang_version="0.5.13")
+    report = _check(draft, testbed.target, profile, engine_version="0.5.13")
     fix = _root(report, Code.CAPTURE_RAISES)
     assert "do not make SGLang capture layer 0" in fix and "SGLang 0.5.14 or newer" in fix
     assert report.root_causes()[0].fix == fix and fix in report.verdict()
     fixed = "set eagle_config.eagle_aux_hidden_state_layer_ids to [1, 3, 4]"
     assert _root(report, Code.LAYER_ID_CONVENTION) == fixed
     assert not any(f.code is Code.CAPTURE_RAISES
-                   for f in _check(draft, testbed.target, profile, sglang_version="0.5.14").findings)
+                   for f in _check(draft, testbed.target, profile, engine_version="0.5.14").findings)
 
 
 def test_without_profile_says_what_was_not_compared(testbed, tmp_path) -> None:

@@ -77,7 +77,7 @@ RELEASE_CHECKS = WITH_STAND_IN + r"""
     import tempfile, traceback
     from pathlib import Path
     from sglang.srt.plugins.hook_registry import HookRegistry
-    from hs_tracer import sglang_releases
+    from hs_tracer.integrations.sglang import releases as sglang_releases
     from hs_tracer.integrations.sglang import draft_layout, plugin, state, versions
 
     results = {}
@@ -294,8 +294,8 @@ def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch
     # does run (launcher, tokenizer), reading SGLang's source without importing it.
     import dataclasses
 
-    from hs_tracer import sglang_releases
     from hs_tracer.integrations.sglang import plugin, versions
+    from hs_tracer.integrations.sglang import releases as sglang_releases
 
     family = versions.installed_family()
     assert plugin._entry_problem() is None
@@ -318,7 +318,7 @@ def test_a_renamed_scheduler_entry_is_reported_outside_the_scheduler(monkeypatch
 ])
 def test_release_families_accept_post_releases_and_check_newer_ones(version: str | None,
                                                                     family: str | None) -> None:
-    from hs_tracer import sglang_releases
+    from hs_tracer.integrations.sglang import releases as sglang_releases
 
     found = sglang_releases.family_for(version)
     assert (found.name if found else None) == family
@@ -329,7 +329,7 @@ def test_release_families_accept_post_releases_and_check_newer_ones(version: str
 
 
 def test_every_release_from_0_5_11_to_0_5_23_is_in_one_family() -> None:
-    from hs_tracer import sglang_releases
+    from hs_tracer.integrations.sglang import releases as sglang_releases
 
     releases = [f"0.5.{n}" for n in range(11, 24)]
     assert sorted(sglang_releases.SUPPORTED_VERSIONS, key=lambda r: int(r.split(".")[2])) == releases
@@ -341,7 +341,7 @@ def test_every_hook_of_every_family_resolves_and_is_named_once() -> None:
     import inspect
     import pkgutil
 
-    from hs_tracer import sglang_releases
+    from hs_tracer.integrations.sglang import releases as sglang_releases
 
     for family in sglang_releases.FAMILIES:
         assert len({h.name for h in family.hooks}) == len(family.hooks), family.name

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-from hs_tracer import sglang_releases, sources
+from hs_tracer import sources
+from hs_tracer.integrations.sglang import releases as sglang_releases
 from hs_tracer.integrations.sglang import versions
 from tests.engine_runs import FAMILY, OLDER_RELEASE, EngineResult
 
@@ -60,7 +61,7 @@ def test_layer_id_rule_of_the_installed_release_through_the_engine(engines) -> N
     report = run.report
     n, ids = report["target"]["num_layers"], report["wiring"]["configured_layer_ids"]
     version = versions.installed_version()
-    want = sources.sglang_sources(ids, sources.Family.DEEPSEEK, n, sglang_version=version)
+    want = sources.sglang_sources(ids, sources.Family.DEEPSEEK, n, engine_version=version)
     assert ids[0] == 0
     assert report["target"]["layers_to_capture"] == want.layers_to_capture  # SGLang's own rule
     assert report["capture"]["layers_in_order"] == sorted(want.layers_to_capture)  # its model loop
@@ -71,5 +72,5 @@ def test_layer_id_rule_of_the_installed_release_through_the_engine(engines) -> N
     newest = sglang_releases.NEWEST_RELEASE
     other = "0.5.12" if sglang_releases.layer_id_rules(version).deepseek_first_id_rule else newest
     assert sources.sglang_layers_to_capture(ids, sources.Family.DEEPSEEK, n,
-                                            sglang_version=other) != want.layers_to_capture
+                                            engine_version=other) != want.layers_to_capture
 

@@ -1,4 +1,5 @@
-"""The release adapters (hs_tracer/sglang_releases/): one row per family, and the pins that must agree.
+"""The release adapters (hs_tracer/integrations/sglang/releases/): one row per family, and the pins
+that must agree.
 
 A row says what its family's adapter must give, written out here rather than read back from it: the
 releases, the workers, and where its layer-id rules differ from other families', what they make of a
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from hs_tracer import sglang_releases
+from hs_tracer.integrations.sglang import releases as sglang_releases
 from hs_tracer.sources import Family, sglang_layers_to_capture
 
 ROOT = Path(__file__).resolve().parents[1]
+ADAPTERS = ROOT / "hs_tracer" / "integrations" / "sglang" / "releases"
 
 # (adapter module, its releases, workers, DeepSeek [0, 3, 5] of 8 layers, gpt-oss [24, 30, 36] of 36)
 ROWS = [
@@ -40,7 +42,7 @@ def _adapter_modules() -> list[str]:
 def test_every_adapter_module_is_a_family_in_newest_first_order_with_one_row() -> None:
     modules = _adapter_modules()
     assert [row[0] for row in ROWS] == modules
-    families = [importlib.import_module(f"hs_tracer.sglang_releases.{m}").FAMILY for m in modules]
+    families = [importlib.import_module(f"{sglang_releases.__name__}.{m}").FAMILY for m in modules]
     assert list(sglang_releases.FAMILIES) == families
     for module, family in zip(modules, families, strict=True):
         assert module == "v" + family.name.replace(".", "_")  # the module is named by its oldest release
@@ -51,12 +53,12 @@ def test_every_adapter_module_is_a_family_in_newest_first_order_with_one_row() -
                          ids=[row[0] for row in ROWS])
 def test_each_family_as_its_row_says(module: str, releases: tuple[str, ...], workers: tuple[str, ...],
                                      deepseek: list[int], gpt_oss: list[int]) -> None:
-    family = importlib.import_module(f"hs_tracer.sglang_releases.{module}").FAMILY
+    family = importlib.import_module(f"{sglang_releases.__name__}.{module}").FAMILY
     assert family.releases == releases and family.workers == workers
     for release in (*releases, *(f"{r}.post1" for r in releases), *family.check_only):
         assert sglang_releases.family_for(release) is (family if release not in family.check_only else None)
-        assert sglang_layers_to_capture([0, 3, 5], Family.DEEPSEEK, 8, sglang_version=release) == deepseek
-        assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, 36, sglang_version=release) == gpt_oss
+        assert sglang_layers_to_capture([0, 3, 5], Family.DEEPSEEK, 8, engine_version=release) == deepseek
+        assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, 36, engine_version=release) == gpt_oss
     assert {h.worker for h in family.hooks} <= {"", *workers}
     assert set(family.worker_env) <= set(workers[1:])  # only a non-default worker needs an environment
 
@@ -99,7 +101,7 @@ def test_release_numbers_appear_in_hs_tracers_python_only_in_the_adapters() -> N
     named = re.compile(r"(?<![\d.])(" + "|".join(re.escape(r) for r in releases) + r")(?![\d])")
     package = ROOT / "hs_tracer"
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-             for path in sorted(package.rglob("*.py")) if "sglang_releases" not in path.parts
+             for path in sorted(package.rglob("*.py")) if not path.is_relative_to(ADAPTERS)
              for n, line in enumerate(path.read_text().splitlines(), 1) if named.search(line)]
     assert found == []
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_id_rules
+from hs_tracer.integrations.sglang.releases import NEWEST_RELEASE, layer_id_rules
 from hs_tracer.sources import (
     EMBEDDING,
     FINAL_NORM,
@@ -266,7 +266,7 @@ def test_rules_match_installed_sglang(module: str, cls_name: str, family: Family
         (36, [[24, 30, 36], [1, 17, 33]]),
     ):
         for ids in cases:
-            want = sglang_layers_to_capture(ids, family, n, sglang_version=version)
+            want = sglang_layers_to_capture(ids, family, n, engine_version=version)
             assert _run_real(cls, ids, n) == want, (cls_name, version, ids)
 
 
@@ -308,8 +308,8 @@ def test_layer_0_rule_matches_the_installed_deepseek_loop() -> None:
     version = importlib.metadata.version("sglang")
     crashes = _captures_before_the_layer_with_the_residual(DeepseekV2Model.forward)
     assert layer_id_rules(version).deepseek_layer_0_raises is crashes, (version, crashes)
-    assert sglang_capture([0, 3, 5], 8, Family.DEEPSEEK, sglang_version=version).raises_at_layer_0 is crashes
-    assert not sglang_capture([1, 3, 5], 8, Family.DEEPSEEK, sglang_version=version).raises_at_layer_0
+    assert sglang_capture([0, 3, 5], 8, Family.DEEPSEEK, engine_version=version).raises_at_layer_0 is crashes
+    assert not sglang_capture([1, 3, 5], 8, Family.DEEPSEEK, engine_version=version).raises_at_layer_0
 
 
 # --- the layer-id rules by SGLang release (read from each release's set_eagle3_layers_to_capture) -------
@@ -330,28 +330,28 @@ def test_layer_0_rule_matches_the_installed_deepseek_loop() -> None:
     ],
 )
 def test_deepseek_rule_by_release(version: str, ids: list[int], ltc: list[int]) -> None:
-    assert sglang_layers_to_capture(ids, Family.DEEPSEEK, 8, sglang_version=version) == ltc
+    assert sglang_layers_to_capture(ids, Family.DEEPSEEK, 8, engine_version=version) == ltc
 
 
 def test_the_same_draft_config_feeds_different_layers_on_0_5_12_and_0_5_23() -> None:
     ids = [0, 3, 5]  # a DeepSeek draft config whose first id is not 1
-    old = sglang_sources(ids, Family.DEEPSEEK, 8, sglang_version="0.5.12")
-    new = sglang_sources(ids, Family.DEEPSEEK, 8, sglang_version="0.5.23")
+    old = sglang_sources(ids, Family.DEEPSEEK, 8, engine_version="0.5.12")
+    new = sglang_sources(ids, Family.DEEPSEEK, 8, engine_version="0.5.23")
     assert old.sources == blocks(0, 3, 5)
     assert new.sources == ["embedding", "block:2", "block:4"]
-    fed = to_sources(ids, "sglang_draft_config", 8, family="deepseek", sglang_version="0.5.12")
+    fed = to_sources(ids, "sglang_draft_config", 8, family="deepseek", engine_version="0.5.12")
     assert fed == old.sources
-    assert sglang_sources(ids, Family.LLAMA, 8, sglang_version="0.5.12").sources == old.sources
+    assert sglang_sources(ids, Family.LLAMA, 8, engine_version="0.5.12").sources == old.sources
 
 
 def test_gpt_oss_final_boundary_and_deepseek_packer_arrived_in_0_5_17() -> None:
     n = 36
-    assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n, sglang_version="0.5.16") == [25, 31, 37]
-    assert sglang_sources([24, 30, 36], Family.GPT_OSS, n, sglang_version="0.5.16").unreachable == [37]
-    assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n, sglang_version="0.5.17") == [24, 30, 36]
-    old = sglang_sources([1, 3, 60], Family.DEEPSEEK, L, sglang_version="0.5.16")
+    assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n, engine_version="0.5.16") == [25, 31, 37]
+    assert sglang_sources([24, 30, 36], Family.GPT_OSS, n, engine_version="0.5.16").unreachable == [37]
+    assert sglang_layers_to_capture([24, 30, 36], Family.GPT_OSS, n, engine_version="0.5.17") == [24, 30, 36]
+    old = sglang_sources([1, 3, 60], Family.DEEPSEEK, L, engine_version="0.5.16")
     assert old.unreachable == [61] and not old.fails_at_forward  # fewer states fed, no error
-    assert sglang_sources([1, 3, 60], Family.DEEPSEEK, L, sglang_version="0.5.17").fails_at_forward
+    assert sglang_sources([1, 3, 60], Family.DEEPSEEK, L, engine_version="0.5.17").fails_at_forward
 
 
 @pytest.mark.parametrize(("version", "raises"), [
@@ -363,9 +363,9 @@ def test_a_captured_layer_0_raises_on_deepseek_up_to_0_5_13(version: str, raises
     0.5.14 moved the capture into the layer, inside the 0.5.13-0.5.15 family."""
     # first id 0 on 0.5.13+ (as-is) and -1 on 0.5.12 (+1): layer 0 either way
     ids = [-1, 3, 5] if version == "0.5.12" else [0, 3, 5]
-    cap = sglang_sources(ids, Family.DEEPSEEK, 8, sglang_version=version)
+    cap = sglang_sources(ids, Family.DEEPSEEK, 8, engine_version=version)
     assert cap.layers_to_capture[0] == 0 and cap.raises_at_layer_0 is raises
-    assert not sglang_sources([1, 3, 5], Family.DEEPSEEK, 8, sglang_version=version).raises_at_layer_0
+    assert not sglang_sources([1, 3, 5], Family.DEEPSEEK, 8, engine_version=version).raises_at_layer_0
 
 
 def test_release_defaults_to_the_newest_and_unknown_releases_are_refused() -> None:

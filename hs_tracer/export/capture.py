@@ -130,7 +130,6 @@ class CaptureSink:
             target_path=target_path,
             engine=wiring.engine,
             engine_version=wiring.engine_version,
-            sglang_version=wiring.sglang_version,
             sample_rate=float(rate),
             rows=ROWS,
             wiring=wiring.to_json(),

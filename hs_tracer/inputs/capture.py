@@ -57,7 +57,7 @@ def _manifest_problem(m: cf.CaptureManifest) -> str | None:
         return f"layers_to_capture {m.layers_to_capture!r} is not a list of integers"
     if m.num_layers is not None and not is_int(m.num_layers, 1):
         return f"num_layers {m.num_layers!r} is not a positive integer"
-    for key in ("target_arch", "model", "target_path", "engine", "engine_version", "sglang_version", "rows"):
+    for key in ("target_arch", "model", "target_path", "engine", "engine_version", "rows"):
         if getattr(m, key) is not None and not isinstance(getattr(m, key), str):
             return f"{key} {getattr(m, key)!r} is not a string"
     if m.sample_rate is not None and not (isinstance(m.sample_rate, (int, float))

@@ -12,8 +12,8 @@ import difflib
 import shlex
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer.errors import InputError
-from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 FLAG = "--server-args"
 # The algorithms whose draft hs-tracer checks (NEXTN is SGLang's alias of EAGLE).
@@ -66,12 +66,12 @@ def check_server_args(text: str) -> dict[str, Any]:
             continue
         if flag.startswith(("--speculative", "--no-speculative")) and not _known(flag):
             near = difflib.get_close_matches(flag, sorted(SGLANG_SPECULATIVE_FLAGS), n=1)
-            raise InputError(FLAG, f"SGLang {NEWEST_RELEASE} has no flag {flag}",
+            raise InputError(FLAG, f"SGLang {engines.newest_release()} has no flag {flag}",
                              f"did you mean {near[0]}?" if near else fix)
         if flag not in SGLANG_SPECULATIVE_FLAGS and not flag.startswith("--speculative"):
             near = difflib.get_close_matches(flag, sorted(SGLANG_SPECULATIVE_FLAGS), n=1, cutoff=0.85)
             if near:
-                raise InputError(FLAG, f"SGLang {NEWEST_RELEASE} has no flag {flag}",
+                raise InputError(FLAG, f"SGLang {engines.newest_release()} has no flag {flag}",
                                  f"did you mean {near[0]}?")
     try:
         parsed = parse_server_args(text)

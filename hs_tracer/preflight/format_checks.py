@@ -1,7 +1,7 @@
 """Draft format, architecture and config flags that SGLang cannot serve as written.
 
 Read from the newest supported SGLang release (the release the findings name,
-:data:`hs_tracer.sglang_releases.NEWEST_RELEASE`): it registers ``LlamaForCausalLMEagle3`` and
+:func:`hs_tracer.engines.newest_release`): it registers ``LlamaForCausalLMEagle3`` and
 ``Eagle3DeepseekV2ForCausalLM`` as EAGLE-3 drafts and has no speculators reader;
 ``models/llama_eagle3.py`` reads ``norm_before_fc`` nested or top level, ``fc_norm`` /
 ``use_aux_norm`` / ``norm_output`` only at the top level, and has no ``norm_before_residual`` branch
@@ -10,11 +10,16 @@ Read from the newest supported SGLang release (the release the findings name,
 
 from __future__ import annotations
 
+from hs_tracer import engines
 from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.preflight.config import DraftConfig, DraftFormat
-from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 _TOP_LEVEL_ONLY_FLAGS = ("fc_norm", "use_aux_norm", "norm_output")
+
+
+def _release() -> str:
+    """The SGLang release the rules below were read from."""
+    return engines.newest_release()
 
 
 def check_format(draft: DraftConfig) -> list[Finding]:
@@ -25,7 +30,7 @@ def check_format(draft: DraftConfig) -> list[Finding]:
     if fmt is DraftFormat.SPECULATORS:
         return [Finding(
             Code.DRAFT_FORMAT, Severity.CRITICAL,
-            f"speculators-format draft (architectures {draft.architectures}): SGLang {NEWEST_RELEASE} has no "
+            f"speculators-format draft (architectures {draft.architectures}): SGLang {_release()} has no "
             "speculators reader and will refuse the architecture",
             "convert for SGLang: architectures [\"LlamaForCausalLMEagle3\"], model dims from "
             "transformer_layer_config at the top level, draft_vocab_size, and the layer ids moved into "
@@ -51,7 +56,7 @@ def check_format(draft: DraftConfig) -> list[Finding]:
     return [Finding(
         Code.DRAFT_FORMAT, Severity.CRITICAL,
         f"architectures {draft.architectures or '(missing)'} is not an EAGLE-3 draft class SGLang "
-        f"{NEWEST_RELEASE} knows (LlamaForCausalLMEagle3, Eagle3DeepseekV2ForCausalLM)", fix,
+        f"{_release()} knows (LlamaForCausalLMEagle3, Eagle3DeepseekV2ForCausalLM)", fix,
         observed=draft.arch or None)]
 
 
@@ -70,20 +75,20 @@ def check_flags(draft: DraftConfig) -> list[Finding]:
             and not draft.has_draft_vocab_size:
         findings.append(Finding(
             Code.DRAFT_FORMAT, Severity.CRITICAL,
-            f"config.json has no draft_vocab_size: SGLang {NEWEST_RELEASE} fails building the draft "
+            f"config.json has no draft_vocab_size: SGLang {_release()} fails building the draft "
             "(AttributeError: 'LlamaConfig' object has no attribute 'draft_vocab_size')",
             "add \"draft_vocab_size\": <lm_head rows> (or null to use the target's head and vocabulary)"))
     if draft.flag("norm_before_residual"):
         findings.append(Finding(
             Code.DRAFT_FORMAT, Severity.CRITICAL,
             "norm_before_residual is true: the draft was trained with the residual taken after "
-            f"hidden_norm; SGLang {NEWEST_RELEASE} has no such branch and uses the raw fc output as residual",
+            f"hidden_norm; SGLang {_release()} has no such branch and uses the raw fc output as residual",
             "serve with an engine that honours norm_before_residual, or retrain with it false",
             expected="norm_before_residual=true honoured", observed="ignored"))
     if draft.arch == "Eagle3DeepseekV2ForCausalLM" and draft.flag("norm_before_fc"):
         findings.append(Finding(
             Code.DRAFT_FORMAT, Severity.CRITICAL,
-            f"norm_before_fc is set, but SGLang {NEWEST_RELEASE}'s MLA draft (Eagle3DeepseekV2ForCausalLM) "
+            f"norm_before_fc is set, but SGLang {_release()}'s MLA draft (Eagle3DeepseekV2ForCausalLM) "
             "has no input norm: the aux states reach the fc unnormalised",
             "serve with an engine that honours norm_before_fc for MLA drafts, or retrain without it"))
     nested = draft.eagle_config if isinstance(draft.eagle_config, dict) else {}
@@ -91,7 +96,7 @@ def check_flags(draft: DraftConfig) -> list[Finding]:
         if nested.get(name) and not draft.raw.get(name):
             findings.append(Finding(
                 Code.DRAFT_FORMAT, Severity.CRITICAL,
-                f"{name} is set inside eagle_config; SGLang {NEWEST_RELEASE} reads it only at the top level "
+                f"{name} is set inside eagle_config; SGLang {_release()} reads it only at the top level "
                 "of the config, so the draft runs without it",
                 f"move \"{name}\": true to the top level of config.json"))
     if draft.tie_word_embeddings and draft.draft_vocab_size is not None and draft.vocab_size is not None \

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer.diagnosis.report import Report
 from hs_tracer.findings import Code, Finding, Severity, SlotVerdict
 from hs_tracer.preflight.checkpoint import Checkpoint, read_checkpoint
@@ -25,7 +26,6 @@ from hs_tracer.preflight.weight_checks import check_weights
 from hs_tracer.preflight.weight_map import fc_input_hidden, is_mla, mla_dims_missing, num_aux_states
 from hs_tracer.profile.expectation import of_profile
 from hs_tracer.profile.model import OTHER_MODEL_FIX, ProfileError, other_model
-from hs_tracer.sglang_releases import NEWEST_RELEASE
 from hs_tracer.static_checks.norm_flags import check_norm_flags
 from hs_tracer.static_checks.wiring import Wiring, capture, check_wiring, ids_location
 
@@ -58,7 +58,8 @@ def graph_width(draft: DraftConfig, algorithm: str | None) -> int | None:
 
 
 def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | None,
-                 algorithm: str | None, sglang_version: str | None = None) -> Wiring:
+                 algorithm: str | None, engine: str = engines.DEFAULT,
+                 engine_version: str | None = None) -> Wiring:
     fc_in = None
     if ckpt is not None:
         for key, shape in ckpt.shapes.items():
@@ -82,7 +83,8 @@ def build_wiring(draft: DraftConfig, target: TargetConfig, ckpt: Checkpoint | No
         draft_num_aux_states=num_aux_states(draft),
         draft_input_hidden=fc_input_hidden(draft),
         graph_width=graph_width(draft, algorithm),
-        engine_version=sglang_version,
+        engine=engine,
+        engine_version=engine_version,
     )
 
 
@@ -127,16 +129,17 @@ def run_check(
     trained_sources: Sequence[str] | None = None,
     server_args: dict[str, Any] | None = None,
     spec: SpecResolution | None = None,
-    sglang_version: str | None = None,
+    engine: str = engines.DEFAULT,
+    engine_version: str | None = None,
 ) -> CheckResult:
     """Run every preflight check.
 
     ``profile`` (a reference profile file) or ``trained_sources`` (canonical source per slot) give
     the training provenance. ``server_args`` holds the parsed speculative flags (None: served with
     ``--speculative-algorithm EAGLE3`` and SGLang's automatic values); ``spec`` is a resolution
-    computed elsewhere (SGLang's own pipeline). ``sglang_version`` picks the release's layer-id rules
-    (None: the newest hs_tracer knows). Raises ConfigError / CheckpointError / ProfileError
-    on unreadable input.
+    computed elsewhere (SGLang's own pipeline). ``engine`` at release ``engine_version`` picks the
+    layer-id rules (None: the newest release hs_tracer knows). Raises ConfigError / CheckpointError /
+    ProfileError on unreadable input.
     """
     draft = read_draft_config(draft_dir)
     tgt = read_target_config(target)
@@ -182,7 +185,7 @@ def run_check(
             f"maps {ckpt.shapes[d2t_keys[-1]][0]} of {tgt.vocab_size} tokens, so SGLang refuses to start",
             "drop --speculative-use-rejection-sampling for a reduced-vocabulary draft"))
 
-    wiring = build_wiring(draft, tgt, ckpt, spec.algorithm, sglang_version)
+    wiring = build_wiring(draft, tgt, ckpt, spec.algorithm, engine, engine_version)
     findings += check_wiring(wiring, trained_sources)
 
     if trained_sources is None and wiring.aux_enabled:
@@ -206,7 +209,7 @@ def run_check(
         "target": {"path": str(tgt.path), "architecture": tgt.arch, "family": wiring.family.value,
                    "num_layers": tgt.num_hidden_layers, "hidden_size": tgt.hidden_size,
                    "vocab_size": tgt.vocab_size},
-        "engine": {"name": f"sglang=={sglang_version or NEWEST_RELEASE}",
+        "engine": {"name": f"{engine}=={wiring.release}",
                    "layers_to_capture": fed.layers_to_capture if wiring.aux_enabled else [],
                    "sources": fed.sources if wiring.aux_enabled else [], "spec_args": spec.used(),
                    "spec_args_method": spec.method},

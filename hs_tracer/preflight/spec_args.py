@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hs_tracer import engines
 from hs_tracer.errors import InputError
 from hs_tracer.findings import Code, Finding, Severity
-from hs_tracer.sglang_releases import NEWEST_RELEASE
 
 # _auto_choose_speculative_params: (steps, topk, draft tokens) by target architecture.
 _AUTO_5_4_8 = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
@@ -70,7 +70,8 @@ class SpecResolution:
     num_draft_tokens: int | None = None
     adjusted: list[tuple[str, Any, Any, str]] = field(default_factory=list)  # field, from, to, why
     rejected: str | None = None
-    method: str = f"hs_tracer's copy of SGLang {NEWEST_RELEASE}'s rules"
+    method: str = field(
+        default_factory=lambda: f"hs_tracer's copy of SGLang {engines.newest_release()}'s rules")
 
     def used(self) -> dict[str, Any]:
         return {"speculative_algorithm": self.algorithm, "speculative_num_steps": self.num_steps,

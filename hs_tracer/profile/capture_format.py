@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hs_tracer import engines
 from hs_tracer.errors import InputError
 
 FORMAT = "hs_tracer_capture"
@@ -72,15 +73,20 @@ class CaptureManifest:
     target_path: str | None = None
     engine: str | None = None
     engine_version: str | None = None
-    sglang_version: str | None = None
     sample_rate: float | None = None
     rows: str | None = None
     wiring: dict[str, Any] | None = None
     next_shard: int | None = None
     skipped: int = 0
 
+    @property
+    def sglang_version(self) -> str | None:
+        """Deprecated alias of ``engine_version`` under the engine that manifests without an ``engine``
+        key came from ("" under any other engine); ``manifest.json`` keeps writing the key."""
+        return self.engine_version if self.engine in (None, engines.DEFAULT) else ""
+
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, **self.__dict__}
+        return {"format": FORMAT, "version": VERSION, **self.__dict__, "sglang_version": self.sglang_version}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], where: Path) -> CaptureManifest:
@@ -106,8 +112,7 @@ class CaptureManifest:
                 model=data.get("model"),
                 target_path=data.get("target_path"),
                 engine=data.get("engine"),
-                engine_version=data.get("engine_version"),
-                sglang_version=data.get("sglang_version"),
+                engine_version=data.get("engine_version", _legacy_version(data)),
                 sample_rate=data.get("sample_rate"),
                 rows=data.get("rows"),
                 wiring=data.get("wiring"),
@@ -118,6 +123,13 @@ class CaptureManifest:
             raise InputError(
                 f"{where}: manifest lacks or mangles num_slots/hidden_size/shards ({exc})"
             ) from exc
+
+
+def _legacy_version(data: Mapping[str, Any]) -> Any:
+    """A manifest written before ``engine_version``: its deprecated ``sglang_version`` (None: none)."""
+    if data.get("engine", engines.DEFAULT) != engines.DEFAULT:
+        return None
+    return data.get("sglang_version")
 
 
 def shard_name(entry: Any, where: Path) -> str:

@@ -5,7 +5,7 @@ plugin at engine startup (wiring read from the live engine, :class:`~hs_tracer.r
 through :func:`wiring_from_record`). Layer-id conventions come from :mod:`hs_tracer.sources` only.
 
 Facts about SGLang (the newest supported release's source, read for these checks; the layer-id
-rules of each release are its family's, :mod:`hs_tracer.sglang_releases`): it reads the draft's
+rules of each release are its adapter's, read through :mod:`hs_tracer.engines`): it reads the draft's
 layer ids only from the nested ``eagle_config`` dict (a bare ``except`` falls back to the default
 ``[2, N//2, N-3]`` for anything else), turns them into ``layers_to_capture`` by a per-family rule,
 captures each reachable layer once in ascending order, and feeds the draft ``len(captured) x H``
@@ -24,7 +24,6 @@ from hs_tracer import engines
 from hs_tracer import sources as src
 from hs_tracer.findings import Code, Finding, Severity
 from hs_tracer.records import WiringRecord
-from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_0_fixed_in, layer_id_rules, rules_label
 
 
 class IdsLocation(str, enum.Enum):
@@ -64,9 +63,9 @@ class Wiring:
     engine_version: str | None = None  # the release whose layer-id rules apply (None: the newest)
 
     @property
-    def sglang_version(self) -> str | None:
-        """Deprecated name of :attr:`engine_version`."""
-        return self.engine_version
+    def release(self) -> str:
+        """The release whose rules apply, for messages (the engine's newest when none is pinned)."""
+        return self.engine_version or engines.get(self.engine).newest_release()
 
     @property
     def family(self) -> src.Family:
@@ -80,10 +79,14 @@ class Wiring:
 
 def capture(w: Wiring) -> src.SGLangCapture:
     """What the target really feeds the draft, in slot order."""
-    release = w.engine_version
     if w.layers_to_capture is not None:
-        return src.sglang_capture(w.layers_to_capture, w.num_layers, w.family, sglang_version=release)
-    return src.sglang_sources(w.engine_layer_ids, w.family, w.num_layers, sglang_version=release)
+        return src.sglang_capture(w.layers_to_capture, w.num_layers, w.family, **_pin(w))
+    return src.sglang_sources(w.engine_layer_ids, w.family, w.num_layers, **_pin(w))
+
+
+def _pin(w: Wiring) -> dict[str, Any]:
+    """The engine and release whose layer-id rules :mod:`hs_tracer.sources` applies to ``w``."""
+    return {"engine": w.engine, "engine_version": w.engine_version}
 
 
 def fed_width(w: Wiring) -> int:
@@ -172,7 +175,7 @@ def check_layer_id_location(w: Wiring, trained: Sequence[str] | None = None) -> 
     ``trained`` (the profile's sources, when known) says which ids a moved key must carry."""
     if not w.aux_enabled:
         return []
-    default = src.sglang_sources(None, w.family, w.num_layers, sglang_version=w.engine_version).sources
+    default = src.sglang_sources(None, w.family, w.num_layers, **_pin(w)).sources
     if w.ids_location is IdsLocation.TOP_LEVEL or (w.ids_location is IdsLocation.BOTH
                                                    and not w.eagle_config_is_dict):
         ids = w.top_level_layer_ids or []
@@ -231,7 +234,7 @@ def _move_fix(w: Wiring, ids: list[int], trained: Sequence[str] | None) -> str:
         return (f"{move}, as {want}: SGLang then feeds {_fmt(trained)}, the layers the draft was trained "
                 f"on ({ids} count layers another way)")
     try:
-        as_is = src.sglang_sources(ids, w.family, w.num_layers, sglang_version=w.engine_version).sources
+        as_is = src.sglang_sources(ids, w.family, w.num_layers, **_pin(w)).sources
     except ValueError:
         as_is = None
     meant = _sources_or_none(ids, src.Convention.SPECULATORS, w.num_layers)
@@ -247,8 +250,8 @@ def _move_fix(w: Wiring, ids: list[int], trained: Sequence[str] | None) -> str:
 def _defaults(w: Wiring) -> str:
     """What SGLang and the trainers use when a draft config names no ids, on this target, said out."""
     n = w.num_layers
-    served = src.sglang_sources(None, w.family, n)
-    parts = [f"SGLang {w.engine_version or NEWEST_RELEASE} captures layers_to_capture "
+    served = src.sglang_sources(None, w.family, n, **_pin(w))
+    parts = [f"SGLang {w.release} captures layers_to_capture "
              f"{served.layers_to_capture} (its [2, N//2, N-3]"
              f"{' + 1' if w.family is src.Family.PLUS_ONE_ALWAYS else ''}, N = {n}) = {_fmt(served.sources)}"]
     for name, conv in (("SpecForge", src.Convention.SPECFORGE), ("speculators", src.Convention.SPECULATORS)):
@@ -308,13 +311,14 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
             "read as block outputs, or the reverse)",
             "check the convention of the ids against the training provenance (--profile)",
             slot=cap.sources.index(src.EMBEDDING), observed=src.EMBEDDING, details=details))
-    rules = layer_id_rules(w.engine_version)
+    engine = engines.get(w.engine)
+    rules = engine.layer_id_rules(w.engine_version)
     if w.family is src.Family.DEEPSEEK and rules.deepseek_first_id_rule and ids and ids[0] != 1:
         llama_rule = src.sglang_sources(ids, src.Family.LLAMA, w.num_layers).sources
         findings.append(Finding(
             Code.LAYER_ID_CONVENTION, Severity.WARNING,
-            f"on a DeepSeek-family target SGLang {rules_label(w.engine_version)} adds 1 only when the "
-            f"first id is 1; {ids} "
+            f"on a DeepSeek-family target SGLang {engine.rules_label(w.engine_version)} adds 1 "
+            f"only when the first id is 1; {ids} "
             f"are taken as-is and feed {_fmt(cap.sources)}. SpecForge training capture (older SGLang, "
             f"+1 always) fed {_fmt(llama_rule)} for the same config (SGLang changed the rule in its pull "
             "request 25454)",
@@ -326,7 +330,7 @@ def check_layer_ids(w: Wiring) -> list[Finding]:
 def _layer_0_raises(w: Wiring, details: dict[str, Any]) -> Finding:
     """The DeepSeek loop of an older release adds the residual to a captured layer's input before the
     layer runs; before layer 0 there is none, so serving this config fails at the first request."""
-    fixed = layer_0_fixed_in(w.engine_version)
+    fixed = engines.get(w.engine).layer_0_fixed_in(w.engine_version)
     upgrade = f", or serve on SGLang {fixed} or newer (it captures inside the layer)" if fixed else ""
     return Finding(
         Code.CAPTURE_RAISES, Severity.CRITICAL,
@@ -400,7 +404,7 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
         return None
     for candidate in ([v - 1 for v in c_in], c_in):
         try:
-            fed = src.sglang_sources(candidate, w.family, w.num_layers, sglang_version=w.engine_version)
+            fed = src.sglang_sources(candidate, w.family, w.num_layers, **_pin(w))
             if fed.sources == list(trained) and not fed.raises_at_layer_0:
                 return candidate
         except ValueError:
@@ -410,12 +414,12 @@ def ids_for_sources(w: Wiring, trained: Sequence[str]) -> list[int] | None:
 
 def _ids_fix(w: Wiring, trained: Sequence[str]) -> str:
     ids = ids_for_sources(w, trained)
-    fixed = layer_0_fixed_in(w.engine_version)
+    fixed = engines.get(w.engine).layer_0_fixed_in(w.engine_version)
     if ids is None and src.EMBEDDING in trained and fixed and w.family is src.Family.DEEPSEEK:
         return (f"SGLang {w.engine_version} cannot feed the embedding on a DeepSeek-family target (a "
                 f"captured layer 0 crashes at the first forward): serve on SGLang {fixed} or newer")
     if ids is None:
-        return (f"SGLang {w.engine_version or NEWEST_RELEASE} cannot capture {_fmt(trained)} on a "
+        return (f"SGLang {w.release} cannot capture {_fmt(trained)} on a "
                 f"{w.family.value}-family target (the "
                 "output of the last block is never captured); retrain the draft on capturable layers")
     return f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids}"

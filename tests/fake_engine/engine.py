@@ -35,6 +35,15 @@ class Fake:
     def flags_release(self, engine_version: str) -> str:
         return engine_version or RELEASE
 
+    def layer_id_rules(self, engine_version: str | None) -> None:
+        return None
+
+    def rules_label(self, engine_version: str | None) -> str:
+        return engine_version or RELEASE
+
+    def layer_0_fixed_in(self, engine_version: str | None) -> str | None:
+        return None
+
     def preflight(self, args: Any, pinned: str) -> CheckResult:
         draft, target = read_draft_config(args.draft), read_target_config(args.target)
         n = target.num_hidden_layers

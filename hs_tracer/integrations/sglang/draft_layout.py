@@ -1,7 +1,7 @@
 """What hs_tracer reads from a loaded EAGLE-3 draft model, for each SGLang draft class.
 
 SGLang's two EAGLE-3 draft classes are built differently, and differently in each release family
-(their layouts are the family's ``draft_layouts`` in :mod:`hs_tracer.sglang_releases`):
+(their layouts are the family's ``draft_layouts`` in :mod:`hs_tracer.integrations.sglang.releases`):
 ``LlamaForCausalLMEagle3`` (``models/llama_eagle3.py``) has an ``nn.Linear`` fc (``in_features``)
 and optional norms (``input_norm`` over K*H, ``fc_norm``); Kimi-K2.5's MLA draft
 ``Eagle3DeepseekV2ForCausalLM`` (``models/kimi_k25_eagle3.py``) has, in the newest families,
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from hs_tracer.integrations.sglang import versions
-from hs_tracer.sglang_releases import FAMILIES, is_untested, release_of
-from hs_tracer.sglang_releases.adapter import DraftLayout
+from hs_tracer.integrations.sglang.releases import FAMILIES, is_untested, release_of
+from hs_tracer.integrations.sglang.releases.adapter import DraftLayout
 
 
 def installed_layouts() -> dict[str, DraftLayout]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hs_tracer import sglang_releases
-from hs_tracer.integrations.sglang import NAME, patching, versions
+from hs_tracer.integrations.sglang import NAME, patching, releases, versions
 
 if TYPE_CHECKING:
     from hs_tracer.integrations.sglang.hooks import Wrap
@@ -24,7 +23,7 @@ class SGLang:
     honoured_flags = frozenset({"norm_before_fc", "fc_norm", "norm_output"})
 
     def newest_release(self) -> str:
-        return sglang_releases.NEWEST_RELEASE
+        return releases.NEWEST_RELEASE
 
     def installed_version(self) -> str | None:
         return versions.installed_version()
@@ -45,7 +44,16 @@ class SGLang:
         }
 
     def flags_release(self, engine_version: str) -> str:
-        return sglang_releases.NEWEST_RELEASE  # the flags are read as the newest release reads them
+        return releases.NEWEST_RELEASE  # the flags are read as the newest release reads them
+
+    def layer_id_rules(self, engine_version: str | None) -> releases.LayerIdRules:
+        return releases.layer_id_rules(engine_version)
+
+    def rules_label(self, engine_version: str | None) -> str:
+        return releases.rules_label(engine_version)
+
+    def layer_0_fixed_in(self, engine_version: str | None) -> str | None:
+        return releases.layer_0_fixed_in(engine_version)
 
     def preflight(self, args: Any, pinned: str) -> Any:
         from hs_tracer.integrations.sglang import preflight  # import cost: the checks' readers, CLI only

@@ -8,9 +8,9 @@ draft's input before the draft extend, and the accept lengths after SGLang resol
 docs/architecture.md says why each target was chosen.
 
 Which SGLang target runs which function, and in which phase, is the release family's
-(:mod:`hs_tracer.sglang_releases`); :func:`hook_table` builds the installed family's table when the
-plugin registers. Every hook runs under :func:`.state.guarded` with its name from that table: an
-exception inside hs_tracer switches tracing off instead of propagating into SGLang.
+(:mod:`hs_tracer.integrations.sglang.releases`); :func:`hook_table` builds the installed family's
+table when the plugin registers. Every hook runs under :func:`.state.guarded` with its name from
+that table: an exception inside hs_tracer switches tracing off instead of propagating into SGLang.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from sglang.srt.plugins.hook_registry import HookType
 from hs_tracer.config import TracerConfig
 from hs_tracer.integrations.sglang import state, versions
 from hs_tracer.integrations.sglang.draft_layout import read_draft
+from hs_tracer.integrations.sglang.releases import FAMILIES
+from hs_tracer.integrations.sglang.releases.adapter import SGLangFamily
 from hs_tracer.integrations.sglang.state import TracerState
 from hs_tracer.release_table import Hook
-from hs_tracer.sglang_releases import FAMILIES
-from hs_tracer.sglang_releases.adapter import SGLangFamily
 
 F = TypeVar("F", bound=Callable[..., Any])
 

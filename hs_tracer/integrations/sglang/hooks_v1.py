@@ -1,5 +1,5 @@
 """The hooks for SGLang releases with the V1 ``EAGLEWorker`` (the families in
-:mod:`hs_tracer.sglang_releases` whose workers include V1), and those of their capture-config and
+:mod:`hs_tracer.integrations.sglang.releases` whose workers include V1), and those of their capture-config and
 target-forward hooks that some later families share.
 
 They feed the same tracer state, StepRecords and exports as the V2 hooks (:mod:`.hooks`), so

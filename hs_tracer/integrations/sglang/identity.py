@@ -47,7 +47,7 @@ import torch
 from hs_tracer import sources
 from hs_tracer.core.identity import ROWS, LayerIdentity, installed, spread
 from hs_tracer.integrations.sglang import versions
-from hs_tracer.sglang_releases import FAMILIES
+from hs_tracer.integrations.sglang.releases import FAMILIES
 
 logger = logging.getLogger("hs_tracer")
 

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hs_tracer import config, sglang_releases
+from hs_tracer import config
 from hs_tracer.core.plugin import called_from, settings
-from hs_tracer.integrations.sglang import versions
+from hs_tracer.integrations.sglang import releases, versions
 from hs_tracer.integrations.sglang.engine import ENGINE
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def register(wrap: Wrap | None = None) -> None:
 
 def _in_scheduler_process() -> bool:
     """SGLang calls ``load_plugins()`` first thing in its scheduler entry: look for that frame."""
-    return called_from(sglang_releases.SCHEDULER_ENTRIES)
+    return called_from(releases.SCHEDULER_ENTRIES)
 
 
 def _entry_problem() -> str | None:
@@ -57,9 +57,9 @@ def _entry_problem() -> str | None:
     version = versions.installed_version()
     if version is None:
         return None
-    family = sglang_releases.family_for(version)
+    family = releases.family_for(version)
     if family is None:
-        return f"sglang {version} is not a supported release ({sglang_releases.supported_text()})"
+        return f"sglang {version} is not a supported release ({releases.supported_text()})"
     module, function = family.scheduler_entry
     try:
         origin = getattr(importlib.util.find_spec(module), "origin", None)
@@ -81,11 +81,11 @@ def _register(wrap: Wrap | None = None) -> None:
     family = versions.installed_family()
     version = versions.installed_version()
     if found or family is None:
-        status = f" ({sglang_releases.support(version)})" if family is not None else ""
+        status = f" ({releases.support(version)})" if family is not None else ""
         logger.warning("hs_tracer: tracing stays off for this SGLang: %s%s", "; ".join(found), status)
         return
 
     n = ENGINE.install(cfg, wrap)
     # One line: the release, its support status and what was registered (an untested release says so).
-    log = logger.warning if sglang_releases.is_untested(version) else logger.info
-    log("hs_tracer: %s; %d hooks registered", sglang_releases.support(version), n)
+    log = logger.warning if releases.is_untested(version) else logger.info
+    log("hs_tracer: %s; %d hooks registered", releases.support(version), n)

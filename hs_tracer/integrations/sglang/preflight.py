@@ -10,11 +10,12 @@ from hs_tracer.errors import InputError
 from hs_tracer.inputs.model_config import check_draft, check_target
 from hs_tracer.inputs.profile import load_profile
 from hs_tracer.inputs.server_args import check_server_args
+from hs_tracer.integrations.sglang import NAME
+from hs_tracer.integrations.sglang.releases import NEWEST_RELEASE, layer_id_rules, support
 from hs_tracer.integrations.sglang.versions import installed_version
 from hs_tracer.preflight import runner
 from hs_tracer.preflight.runner import CheckResult
 from hs_tracer.preflight.spec_args import resolve_with_sglang
-from hs_tracer.sglang_releases import NEWEST_RELEASE, layer_id_rules, support
 
 
 def check(args: Any, pinned: str) -> CheckResult:
@@ -28,7 +29,7 @@ def check(args: Any, pinned: str) -> CheckResult:
     requested = check_server_args(args.server_args) if args.server_args is not None else None
     spec = _sglang_resolution(requested, args.target, args.draft) if args.sglang_resolve else None
     result = runner.run_check(args.draft, args.target, profile=args.profile, server_args=requested,
-                              spec=spec, sglang_version=version)
+                              spec=spec, engine=NAME, engine_version=version)
     result.summary["engine"]["support"] = support(version)  # whether the tracer runs on that release
     return result
 

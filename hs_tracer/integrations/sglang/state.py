@@ -30,8 +30,8 @@ from hs_tracer.core.steps import StepPath
 from hs_tracer.export.capture import make_sink
 from hs_tracer.fingerprint.probe import FingerprintProbe
 from hs_tracer.integrations.sglang import NAME, versions
+from hs_tracer.integrations.sglang.releases import FAMILIES, family_for, rules_release
 from hs_tracer.records import Ranks, WiringRecord
-from hs_tracer.sglang_releases import FAMILIES, family_for, rules_release
 from hs_tracer.static_checks import wiring as static
 
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def wiring_record(target: dict[str, Any], aux: dict[str, Any], draft: dict[str, 
     family = sources.family_of(target["architecture"])
     rules = rules_release(sglang_version or None)
     captured = sources.sglang_capture(target["layers_to_capture"], target["num_layers"], family,
-                                      sglang_version=rules)
+                                      engine_version=rules)
     return WiringRecord(
         model=os.path.basename(str(target.get("model_path", "")).rstrip("/")) or target["architecture"],
         target_arch=target["architecture"],

@@ -1,7 +1,7 @@
 """The version guard: the installed SGLang checked against its release family before anything registers.
 
 The families themselves (hooks, layer-id rules, draft layouts, releases) are data in
-:mod:`hs_tracer.sglang_releases`, one adapter module per family. This module is what needs the
+:mod:`hs_tracer.integrations.sglang.releases`, one adapter module per family. This module is what needs the
 installed SGLang: which release is installed, whether every target, parameter and scheduler entry
 of its family is there (and, for an untested release, every read and layer-id rule), and which
 hooks can register in this process.
@@ -20,9 +20,15 @@ import re
 import sys
 
 from hs_tracer import sources
+from hs_tracer.integrations.sglang.releases import (
+    FAMILIES,
+    family_for,
+    is_untested,
+    rules_release,
+    supported_text,
+)
+from hs_tracer.integrations.sglang.releases.adapter import MetaCounters, SGLangFamily
 from hs_tracer.release_table import Hook, family_or_problem, handler_name, signature_problems
-from hs_tracer.sglang_releases import FAMILIES, family_for, is_untested, rules_release, supported_text
-from hs_tracer.sglang_releases.adapter import MetaCounters, SGLangFamily
 
 
 def hook_name(handler: str) -> str:
@@ -177,7 +183,7 @@ _RULE_CASES = ((61, (None, (1, 29, 57), (2, 30, 58), (0, 3, 31))), (36, ((24, 30
 
 def _changed_layer_id_rules() -> list[str]:
     """Run the installed release's own ``set_eagle3_layers_to_capture`` (on a stand-in ``self``; no
-    weights) and compare with the rule hs_tracer applies to it (``sglang_releases.rules_release``)."""
+    weights) and compare with the rule hs_tracer applies to it (``releases.rules_release``)."""
     from types import SimpleNamespace
 
     release = rules_release(installed_version())
@@ -197,7 +203,7 @@ def _changed_layer_id_rules() -> list[str]:
                                        config=SimpleNamespace(num_hidden_layers=n), model=inner,
                                        capture_aux_hidden_states=False)
                 want = sources.sglang_layers_to_capture(list(ids) if ids else None, sources.Family(family), n,
-                                                        sglang_version=release)
+                                                        engine_version=release)
                 try:
                     cls.set_eagle3_layers_to_capture(fake, list(ids) if ids else None)
                     got = list(inner.layers_to_capture)

@@ -47,6 +47,15 @@ class VLLM:
     def flags_release(self, engine_version: str) -> str:
         return engine_version or vl.NEWEST_VLLM
 
+    def layer_id_rules(self, engine_version: str | None) -> vl.VLLMLayerIdRules:
+        return vl.vllm_layer_id_rules(engine_version)
+
+    def rules_label(self, engine_version: str | None) -> str:
+        return vl.vllm_layer_id_rules(engine_version).releases
+
+    def layer_0_fixed_in(self, engine_version: str | None) -> str | None:
+        return None
+
     def preflight(self, args: Any, pinned: str) -> Any:
         from hs_tracer.integrations.vllm import preflight  # import cost: the checks' readers, CLI only
 

@@ -184,8 +184,8 @@ _hook = PostImportHook()
 def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], None]]]:
     """The environment and patches the installed SGLang release needs on top of these (none for
     the newest; read from the distribution's metadata, without importing SGLang)."""
+    from hs_tracer.integrations.sglang.releases import release_of
     from hs_tracer.integrations.sglang.versions import installed_version
-    from hs_tracer.sglang_releases import release_of
     from hs_tracer_testbed.runtime import release_0_5_11, release_0_5_16
 
     version = installed_version()

@@ -5,9 +5,9 @@ which have no plugin system."""
 
 from __future__ import annotations
 
+from hs_tracer.integrations.sglang.releases import shared as s
+from hs_tracer.integrations.sglang.releases.adapter import LayerIdRules, MetaCounters, SGLangFamily
 from hs_tracer.release_table import Hook, Phase
-from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import LayerIdRules, MetaCounters, SGLangFamily
 
 FAMILY = SGLangFamily(
     name="0.5.11",

@@ -3,9 +3,9 @@ after ``_resolve_spec_overlap_tokens``, V1's in ``num_correct_drafts_per_req_cpu
 
 from __future__ import annotations
 
+from hs_tracer.integrations.sglang.releases import shared as s
+from hs_tracer.integrations.sglang.releases.adapter import LayerIdRules, SGLangFamily
 from hs_tracer.release_table import Hook, Phase
-from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
 
 FAMILY = SGLangFamily(
     name="0.5.12",

@@ -6,8 +6,8 @@ families that use it.
 
 from __future__ import annotations
 
+from hs_tracer.integrations.sglang.releases.adapter import DraftLayout
 from hs_tracer.release_table import Hook, Phase
-from hs_tracer.sglang_releases.adapter import DraftLayout
 
 RUNNER = "sglang.srt.model_executor.model_runner.ModelRunner"
 V2 = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 
 from hs_tracer.errors import InputError
-from hs_tracer.sglang_releases import v0_5_11, v0_5_12, v0_5_13, v0_5_16, v0_5_17, v0_5_22
-from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
+from hs_tracer.integrations.sglang.releases import v0_5_11, v0_5_12, v0_5_13, v0_5_16, v0_5_17, v0_5_22
+from hs_tracer.integrations.sglang.releases.adapter import LayerIdRules, SGLangFamily
 
 # Newest first: FAMILIES[0] is the newest family, and a release newer than every family's is checked
 # against it (``untested``).

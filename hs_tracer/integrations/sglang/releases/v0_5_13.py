@@ -4,8 +4,8 @@ only when the first id is 1, and on 0.5.13 a captured layer 0 of a DeepSeek targ
 
 from __future__ import annotations
 
-from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import DraftLayout, LayerIdRules, SGLangFamily
+from hs_tracer.integrations.sglang.releases import shared as s
+from hs_tracer.integrations.sglang.releases.adapter import DraftLayout, LayerIdRules, SGLangFamily
 
 FAMILY = SGLangFamily(
     name="0.5.13",

@@ -3,9 +3,9 @@ the capture hook is on every model body that returns the aux states it captured.
 
 from __future__ import annotations
 
+from hs_tracer.integrations.sglang.releases import shared as s
+from hs_tracer.integrations.sglang.releases.adapter import LayerIdRules, SGLangFamily
 from hs_tracer.release_table import Hook, Phase
-from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
 
 # Every model body of 0.5.23 whose forward returns the aux hidden states it captured (the loop over
 # its layers reads ``layers_to_capture``): the target of every EAGLE-3 pairing (Llama, Qwen2/3,

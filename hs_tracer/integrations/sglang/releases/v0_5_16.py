@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from hs_tracer.sglang_releases import shared as s
-from hs_tracer.sglang_releases.adapter import LayerIdRules, SGLangFamily
+from hs_tracer.integrations.sglang.releases import shared as s
+from hs_tracer.integrations.sglang.releases.adapter import LayerIdRules, SGLangFamily
 
 FAMILY = SGLangFamily(
     name="0.5.16",

@@ -29,6 +29,9 @@ once if it is already imported, so installing them costs nothing at interpreter 
 * ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
+* ``sglang.srt.entrypoints.engine``: the engine's processes are forked from a server process that
+  has imported SGLang once, instead of spawned (:mod:`.forkserver`: the same code, a fraction of
+  the start's CPU).
 
 With ``HS_TRACER_TESTBED_MISCAPTURE`` set, the target's capture loop feeds other layers than its
 record says (:mod:`.miscapture`; the tests of in-engine layer identity).
@@ -46,10 +49,13 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from hs_tracer_testbed.runtime.forkserver import use_forkserver
+
 HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
 RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
 KIMI_DRAFT_MODULE = "sglang.srt.models.kimi_k25_eagle3"
 PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
+ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 MLA_BACKENDS = ("torch_native", "intel_amx")
 
 
@@ -132,6 +138,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.arg_groups.overrides": keep_intel_amx_in_overrides,
     KIMI_DRAFT_MODULE: cpu_embed_sharing,
     PARALLEL_STATE_MODULE: no_pynccl_on_cpu,
+    ENGINE_MODULE: use_forkserver,
 }
 
 

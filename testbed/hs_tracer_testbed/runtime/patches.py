@@ -29,9 +29,9 @@ once if it is already imported, so installing them costs nothing at interpreter 
 * ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
-* ``sglang.srt.entrypoints.engine``: the engine's processes are forked from a server process that
-  has imported SGLang once, instead of spawned (:mod:`.forkserver`: the same code, a fraction of
-  the start's CPU).
+* ``sglang.srt.entrypoints.engine`` (the newest release, where the engine tests check it): the
+  engine's processes are forked from a server process that has imported SGLang once, instead of
+  spawned (:mod:`.forkserver`: the same code, less of the start's CPU).
 
 With ``HS_TRACER_TESTBED_MISCAPTURE`` set, the target's capture loop feeds other layers than its
 record says (:mod:`.miscapture`; the tests of in-engine layer identity).
@@ -138,7 +138,6 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.arg_groups.overrides": keep_intel_amx_in_overrides,
     KIMI_DRAFT_MODULE: cpu_embed_sharing,
     PARALLEL_STATE_MODULE: no_pynccl_on_cpu,
-    ENGINE_MODULE: use_forkserver,
 }
 
 
@@ -192,7 +191,7 @@ def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], 
     """The environment and patches the installed SGLang release needs on top of these (none for
     the newest; read from the distribution's metadata, without importing SGLang)."""
     from hs_tracer.integrations.sglang.versions import installed_version
-    from hs_tracer.sglang_releases import release_of
+    from hs_tracer.sglang_releases import NEWEST_RELEASE, release_of
     from hs_tracer_testbed.runtime import release_0_5_11, release_0_5_16
 
     version = installed_version()
@@ -201,6 +200,8 @@ def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], 
         return release_0_5_11.ENV, release_0_5_11.patches(release)
     if release in release_0_5_16.RELEASES:
         return release_0_5_16.ENV, release_0_5_16.PATCHES
+    if release == NEWEST_RELEASE:
+        return {}, {ENGINE_MODULE: use_forkserver}
     return {}, {}
 
 

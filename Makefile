@@ -237,9 +237,11 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not engine and not slow"
 
 # The suite's tests without engines, as one lane of `make test`'s background (its own pytest process,
-# beside the engine tests).
+# beside the engine tests). One torch thread: beside the engine tests and the other lane on 2 cores a
+# second thread only spins at torch's barriers (an offline accept-length test took 20 CPU s with two,
+# 7.5 with one; docs/testing.md).
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not engine"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -p no:cacheprovider -m "not engine"
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -189,13 +189,13 @@ ifeq ($(SGLANG),$(NEWEST_SGLANG))
 ifneq ($(origin SGLANG),command line)
 	@# The suite's engine tests in the foreground. Beside them (each mostly one single-threaded
 	@# process, the foreground too), in two lanes, their output in $(TEST_LOGS)/
-	@# (tests/infra/alongside.sh): the suite's other tests; and one at a time vLLM's venv, the real
-	@# trainers' runs, the engine tests of the releases in ENGINE_SGLANG, the vLLM tests (they read the
-	@# trainers' runs), every older SGLang release's layer venv and checks and the older vLLM
-	@# release's.
-	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) test-unit + venv-vllm trainer-runs \
-		$(ENGINE_SGLANG:%=release-engine-%) test-vllm $(CHECKED_SGLANG:%=release-checks-%) \
-		$(OLD_VLLM:%=vllm-release-checks-%) \
+	@# (tests/infra/alongside.sh): the suite's other tests, then every older SGLang release's layer
+	@# venv and checks; and one at a time vLLM's venv, the real trainers' runs, the engine tests of the
+	@# releases in ENGINE_SGLANG, the vLLM tests (they read the trainers' runs) and the older vLLM
+	@# release's checks (its layer needs vLLM's venv).
+	@MAKE='$(BACKGROUND_MAKE)' tests/infra/alongside.sh $(TEST_LOGS) test-unit \
+		$(CHECKED_SGLANG:%=release-checks-%) + venv-vllm trainer-runs \
+		$(ENGINE_SGLANG:%=release-engine-%) test-vllm $(OLD_VLLM:%=vllm-release-checks-%) \
 		-- $(BIN)/python -m pytest -m engine
 else
 	$(BIN)/python -m pytest
@@ -232,14 +232,17 @@ trainer-runs: $(STAMP) $(VLLM_STAMP)
 		specforge.ensure_run(); speculators.ensure_checkpoint()"
 
 # The edit-test loop: every test except those that start real SGLang engines (marked `engine`) and
-# those that take tens of seconds without one (marked `slow`, tests/conftest.py).
+# those that take tens of seconds without one (marked `slow`, tests/conftest.py); one torch thread,
+# as in test-unit.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not engine and not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not engine and not slow"
 
 # The suite's tests without engines, as one lane of `make test`'s background (its own pytest process,
-# beside the engine tests).
+# beside the engine tests). One torch thread: beside the engine tests and the other lane on 2 cores a
+# second thread only spins at torch's barriers (an offline accept-length test took 20 CPU s with two,
+# 7.5 with one; docs/testing.md).
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not engine"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -p no:cacheprovider -m "not engine"
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -29,6 +29,9 @@ once if it is already imported, so installing them costs nothing at interpreter 
 * ``sglang.srt.models.kimi_k25_eagle3``: Kimi-K2.5's MLA draft ends ``set_embed`` and
   ``set_embed_and_head`` with ``torch.cuda.empty_cache()`` and ``torch.cuda.synchronize()``, which
   raise on a CPU-only torch; on the testbed those two calls do nothing during those methods.
+* ``sglang.srt.entrypoints.engine`` (the newest release, where the engine tests check it): the
+  engine's processes are forked from a server process that has imported SGLang once, instead of
+  spawned (:mod:`.forkserver`: the same code, less of the start's CPU).
 
 With ``HS_TRACER_TESTBED_MISCAPTURE`` set, the target's capture loop feeds other layers than its
 record says (:mod:`.miscapture`; the tests of in-engine layer identity).
@@ -46,10 +49,13 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from hs_tracer_testbed.runtime.forkserver import use_forkserver
+
 HANDLER_MODULE = "sglang.srt.models.deepseek_common.attention_backend_handler"
 RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
 KIMI_DRAFT_MODULE = "sglang.srt.models.kimi_k25_eagle3"
 PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
+ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 MLA_BACKENDS = ("torch_native", "intel_amx")
 
 
@@ -184,7 +190,7 @@ _hook = PostImportHook()
 def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], None]]]:
     """The environment and patches the installed SGLang release needs on top of these (none for
     the newest; read from the distribution's metadata, without importing SGLang)."""
-    from hs_tracer.integrations.sglang.releases import release_of
+    from hs_tracer.integrations.sglang.releases import NEWEST_RELEASE, release_of
     from hs_tracer.integrations.sglang.versions import installed_version
     from hs_tracer_testbed.runtime import release_0_5_11, release_0_5_16
 
@@ -194,6 +200,8 @@ def release_patches() -> tuple[dict[str, str], dict[str, Callable[[ModuleType], 
         return release_0_5_11.ENV, release_0_5_11.patches(release)
     if release in release_0_5_16.RELEASES:
         return release_0_5_16.ENV, release_0_5_16.PATCHES
+    if release == NEWEST_RELEASE:
+        return {}, {ENGINE_MODULE: use_forkserver}
     return {}, {}
 
 
